@@ -1,0 +1,46 @@
+# kvradix: make test (the test command), make loadgen (the main job).
+GO       ?= go
+PKGS     := ./...
+COUNT    ?= 10
+BENCH    ?= .
+BENCHTIME ?= 1s
+FUZZTIME ?= 10s
+RESULTS  := results
+
+.PHONY: test lint fuzz bench benchstat bench-compare loadgen replay
+
+test:
+	$(GO) vet $(PKGS)
+	$(GO) test -race -timeout 20m $(PKGS)
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt wants to rewrite: $$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(GO) mod tidy -diff
+
+# A short run of every fuzz target, one at a time (go test -fuzz takes one).
+fuzz:
+	@set -e; for pkg in $$($(GO) list $(PKGS)); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; done
+
+# The cross-package suite, -count=$(COUNT), raw output into results/.
+bench:
+	@mkdir -p $(RESULTS)
+	{ $(GO) version; echo "cmd: go test -run '^$$' -bench '$(BENCH)' -benchmem -count $(COUNT) -benchtime $(BENCHTIME) ./bench/"; \
+	  $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(COUNT) -benchtime $(BENCHTIME) ./bench/; } | tee $(RESULTS)/bench.txt
+
+benchstat:
+	$(GO) tool benchstat -col /impl $(RESULTS)/bench.txt | tee $(RESULTS)/benchstat.txt
+
+# make bench-compare OLD=<rev> NEW=<rev>: interleaved runs of both revisions.
+bench-compare:
+	@test -n "$(OLD)" -a -n "$(NEW)" || { echo "usage: make bench-compare OLD=<rev> NEW=<rev>"; exit 2; }
+	./scripts/bench-compare.sh "$(OLD)" "$(NEW)" "$(BENCH)" "$(COUNT)" "$(BENCHTIME)"
+
+loadgen:
+	$(GO) run ./cmd/loadgen indexer
+
+replay:
+	$(GO) run ./cmd/loadgen replay
