@@ -1,0 +1,108 @@
+package radix
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/kvradix/kvradix/kvevent"
+)
+
+func compareWorkers(a, b kvevent.Worker) int {
+	if c := cmp.Compare(a.ID, b.ID); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.DPRank, b.DPRank)
+}
+
+// dumper turns held (worker, node) pairs, visited parents before children,
+// into the events that rebuild them. It is shared by every index; N is the
+// index's node identity.
+type dumper[N comparable] struct {
+	root   N
+	key    func(N) uint64 // tokens hash of a node
+	parent func(N) N
+	held   map[kvevent.Worker]map[N]uint64 // engine hash of each held node
+
+	placeholders map[kvevent.Worker]map[N]uint64
+	used         map[kvevent.Worker]map[uint64]bool
+	events       []kvevent.RouterEvent
+	removals     []kvevent.RouterEvent
+	nextHash     uint64
+}
+
+// emit appends the Stored event of w holding n. The parent of n must be the
+// root, held by w, or given a placeholder first (a hole: w left it).
+func (d *dumper[N]) emit(w kvevent.Worker, n N) {
+	h := d.held[w][n]
+	ph, has := d.parentHash(w, d.parent(n))
+	d.store(w, ph, has, kvevent.StoredBlock{BlockHash: h, TokensHash: d.key(n)})
+}
+
+// parentHash returns how w names p in a Stored event: nothing for the root,
+// its engine hash if held, else a placeholder stored now (recursively).
+func (d *dumper[N]) parentHash(w kvevent.Worker, p N) (uint64, bool) {
+	if p == d.root {
+		return 0, false
+	}
+	if h, ok := d.held[w][p]; ok {
+		return h, true
+	}
+	if h, ok := d.placeholders[w][p]; ok {
+		return h, true
+	}
+	ph, has := d.parentHash(w, d.parent(p))
+	h := d.freshHash(w)
+	if d.placeholders == nil {
+		d.placeholders = map[kvevent.Worker]map[N]uint64{}
+	}
+	if d.placeholders[w] == nil {
+		d.placeholders[w] = map[N]uint64{}
+	}
+	d.placeholders[w][p] = h
+	d.store(w, ph, has, kvevent.StoredBlock{BlockHash: h, TokensHash: d.key(p)})
+	d.removals = append(d.removals, kvevent.RouterEvent{
+		WorkerID: w.ID,
+		Event:    kvevent.Event{DPRank: w.DPRank, Data: kvevent.Removed{BlockHashes: []uint64{h}}},
+	})
+	return h, true
+}
+
+// freshHash returns an engine hash w uses for nothing else.
+func (d *dumper[N]) freshHash(w kvevent.Worker) uint64 {
+	if d.used == nil {
+		d.used = map[kvevent.Worker]map[uint64]bool{}
+	}
+	used := d.used[w]
+	if used == nil {
+		used = map[uint64]bool{}
+		for _, h := range d.held[w] {
+			used[h] = true
+		}
+		d.used[w] = used
+	}
+	for {
+		d.nextHash--
+		if !used[d.nextHash] {
+			used[d.nextHash] = true
+			return d.nextHash
+		}
+	}
+}
+
+func (d *dumper[N]) store(w kvevent.Worker, parent uint64, hasParent bool, blk kvevent.StoredBlock) {
+	d.events = append(d.events, kvevent.RouterEvent{
+		WorkerID: w.ID,
+		Event: kvevent.Event{DPRank: w.DPRank, Data: kvevent.Stored{
+			HasParent: hasParent, ParentHash: parent, Blocks: []kvevent.StoredBlock{blk},
+		}},
+	})
+}
+
+// finish returns the events, placeholder removals last, numbered in order.
+func (d *dumper[N]) finish() []kvevent.RouterEvent {
+	out := slices.Concat(d.events, d.removals)
+	for i := range out {
+		out[i].Event.ID = uint64(i)
+	}
+	return out
+}

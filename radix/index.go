@@ -1,0 +1,86 @@
+// Package radix holds the prefix indexes of kvradix: which worker holds which
+// KV cache blocks, and for a request's blocks, how many leading blocks each
+// worker holds.
+//
+// Every index implements Index with the same semantics; Tree is the plainly
+// written single-threaded reference and ConcurrentTree the lock-sharded one
+// safe for concurrent readers. Package radixtest holds the conformance suite
+// both pass and the naive model they are checked against.
+//
+// # Semantics
+//
+// A node is a path of local (tokens) hashes from the root. Each worker keeps
+// a map from the engine's block hash to the node it names; a worker holds a
+// node exactly when one of its engine hashes maps to it, so the map is a
+// bijection between a worker's engine hashes and the nodes it holds.
+//
+//   - Stored: the parent is looked up in the worker's own map (no parent =
+//     the root); an unknown parent rejects the whole event (ErrParentNotFound).
+//     Each block descends to the child keyed by its tokens hash. If the worker
+//     already holds that node, the block is a no-op (the first engine hash
+//     stays); if the block's engine hash named another node, the worker moves
+//     from that node to this one.
+//   - Removed: the worker leaves each named node; unknown hashes are skipped,
+//     the rest applies, and the error wraps ErrBlockNotFound with the count.
+//   - Cleared: the worker leaves every node it holds.
+//
+// Removals do not cascade: a worker may hold a node without its parent, and
+// its overlap score stops at the first block it does not hold. Nodes left
+// with no workers and no children are unlinked.
+package radix
+
+import (
+	"errors"
+
+	"github.com/kvradix/kvradix/kvevent"
+)
+
+var (
+	// ErrParentNotFound rejects a Stored event whose parent hash the worker
+	// does not hold; nothing of the event is applied.
+	ErrParentNotFound = errors.New("parent block not found")
+	// ErrBlockNotFound reports Removed hashes the worker does not hold; the
+	// rest of the event is applied.
+	ErrBlockNotFound = errors.New("block not found")
+	// ErrInvalidEvent rejects an event without data.
+	ErrInvalidEvent = errors.New("invalid event")
+)
+
+// OverlapScores is the result of matching a request against an index.
+type OverlapScores struct {
+	// Scores maps each worker holding at least the first block to the number
+	// of consecutive blocks from block 0 it holds.
+	Scores map[kvevent.Worker]uint32
+	// TreeSizes maps each scored worker to the number of blocks it holds in
+	// the whole index (a measure of its cache pressure).
+	TreeSizes map[kvevent.Worker]int
+}
+
+// Index is the contract every prefix index implements.
+type Index interface {
+	// Apply applies one event of the worker ev.Worker(). Tiers are not
+	// looked at: filtering them is the indexer's job.
+	Apply(ev kvevent.RouterEvent) error
+	// FindMatches scores every worker against the request's local hashes.
+	// With earlyExit the walk stops once a single worker still matches: its
+	// score is then a lower bound of its true overlap.
+	FindMatches(local []uint64, earlyExit bool) OverlapScores
+	// RemoveWorker drops every rank of the worker and all it holds.
+	RemoveWorker(id kvevent.WorkerID)
+	// Size returns the number of (worker, block) pairs held.
+	Size() int
+	// Dump returns Device-tier events that rebuild an equal index when
+	// applied in order to an empty one: Stored events, parents before
+	// children, and for blocks a worker holds without their parent, a
+	// placeholder Stored of the missing ancestors followed (at the end) by
+	// its Removed.
+	Dump() []kvevent.RouterEvent
+}
+
+// newScores returns empty result maps sized for n workers.
+func newScores(n int) OverlapScores {
+	return OverlapScores{
+		Scores:    make(map[kvevent.Worker]uint32, n),
+		TreeSizes: make(map[kvevent.Worker]int, n),
+	}
+}

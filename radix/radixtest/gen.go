@@ -1,0 +1,135 @@
+package radixtest
+
+import (
+	"math/rand/v2"
+
+	"github.com/kvradix/kvradix/kvevent"
+)
+
+// Source is where the generator draws its choices from: a seeded PRNG for
+// random tests, or fuzz input bytes.
+type Source interface {
+	// IntN returns a number in [0, n); n > 0.
+	IntN(n int) int
+}
+
+// Bytes is a Source over fuzz input: each choice consumes one byte, and an
+// exhausted input yields zeros.
+type Bytes struct{ B []byte }
+
+// IntN implements Source.
+func (s *Bytes) IntN(n int) int {
+	if len(s.B) == 0 {
+		return 0
+	}
+	v := int(s.B[0])
+	s.B = s.B[1:]
+	return v % n
+}
+
+// Exhausted reports whether every byte was used.
+func (s *Bytes) Exhausted() bool { return len(s.B) == 0 }
+
+var _ Source = (*rand.Rand)(nil)
+
+// OpKind is what an Op does.
+type OpKind uint8
+
+const (
+	OpEvent OpKind = iota
+	OpRemoveWorker
+	OpQuery
+)
+
+// Op is one step of a generated command stream.
+type Op struct {
+	Kind   OpKind
+	Event  kvevent.RouterEvent // OpEvent
+	Worker kvevent.WorkerID    // OpRemoveWorker
+	Query  []uint64            // OpQuery: local hashes
+}
+
+// Gen generates command streams over a small universe (3 worker ids, 2
+// ranks, 3 tokens hashes) so that sharing, holes, duplicate and unknown
+// hashes all happen often. It consults the model for realistic parents.
+type Gen struct {
+	Src   Source
+	Model *Model
+	next  uint64
+	id    uint64
+}
+
+// Next returns the next op; events are applied to g.Model by the caller.
+func (g *Gen) Next() Op {
+	w := kvevent.Worker{ID: kvevent.WorkerID(g.Src.IntN(3)), DPRank: kvevent.DPRank(g.Src.IntN(2))}
+	g.id++
+	ev := kvevent.RouterEvent{WorkerID: w.ID, Event: kvevent.Event{ID: g.id, DPRank: w.DPRank}}
+	switch c := g.Src.IntN(20); {
+	case c < 9:
+		ev.Event.Data = g.stored(w)
+	case c < 14:
+		ev.Event.Data = g.removed(w)
+	case c < 15:
+		ev.Event.Data = kvevent.Cleared{}
+	case c < 16:
+		return Op{Kind: OpRemoveWorker, Worker: w.ID}
+	default:
+		return Op{Kind: OpQuery, Query: g.query()}
+	}
+	return Op{Kind: OpEvent, Event: ev}
+}
+
+func (g *Gen) held(w kvevent.Worker) []uint64 { return g.Model.Hashes(w) }
+
+// engineHash picks a fresh hash mostly, else one w holds (duplicate or move)
+// or a small constant (likely unknown, possibly shared by workers).
+func (g *Gen) engineHash(w kvevent.Worker) uint64 {
+	switch c := g.Src.IntN(10); {
+	case c < 7:
+		g.next++
+		return 1000 + g.next
+	case c < 9:
+		if hs := g.held(w); len(hs) > 0 {
+			return hs[g.Src.IntN(len(hs))]
+		}
+	}
+	return uint64(g.Src.IntN(4))
+}
+
+func (g *Gen) stored(w kvevent.Worker) kvevent.Stored {
+	var s kvevent.Stored
+	switch c := g.Src.IntN(10); {
+	case c < 6:
+		if hs := g.held(w); len(hs) > 0 {
+			s.HasParent, s.ParentHash = true, hs[g.Src.IntN(len(hs))]
+		}
+	case c < 7:
+		s.HasParent, s.ParentHash = true, uint64(g.Src.IntN(4)) // likely unknown
+	}
+	n := 1 + g.Src.IntN(4)
+	for range n {
+		s.Blocks = append(s.Blocks, kvevent.StoredBlock{BlockHash: g.engineHash(w), TokensHash: uint64(1 + g.Src.IntN(3))})
+	}
+	return s
+}
+
+func (g *Gen) removed(w kvevent.Worker) kvevent.Removed {
+	var r kvevent.Removed
+	hs := g.held(w)
+	for range 1 + g.Src.IntN(3) {
+		if len(hs) > 0 && g.Src.IntN(5) > 0 {
+			r.BlockHashes = append(r.BlockHashes, hs[g.Src.IntN(len(hs))])
+		} else {
+			r.BlockHashes = append(r.BlockHashes, uint64(g.Src.IntN(4)))
+		}
+	}
+	return r
+}
+
+func (g *Gen) query() []uint64 {
+	q := make([]uint64, g.Src.IntN(7))
+	for i := range q {
+		q[i] = uint64(1 + g.Src.IntN(3))
+	}
+	return q
+}

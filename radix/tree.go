@@ -1,0 +1,233 @@
+package radix
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/kvradix/kvradix/kvevent"
+)
+
+// Tree is the single-threaded reference index: a radix tree of blocks whose
+// children are keyed by tokens hash, with a plain map of workers per node.
+// It is written for clarity, not speed, and is the model every faster index
+// is tested and measured against.
+//
+// A Tree is not safe for concurrent use.
+type Tree struct {
+	root    *node
+	workers map[kvevent.Worker]map[uint64]*node // engine hash -> node
+	size    int
+}
+
+type node struct {
+	key      uint64 // tokens hash of this block
+	parent   *node
+	children map[uint64]*node
+	workers  map[kvevent.Worker]struct{}
+}
+
+func newNode(key uint64, parent *node) *node {
+	return &node{key: key, parent: parent, children: map[uint64]*node{}, workers: map[kvevent.Worker]struct{}{}}
+}
+
+// NewTree returns an empty tree.
+func NewTree() *Tree {
+	return &Tree{root: newNode(0, nil), workers: map[kvevent.Worker]map[uint64]*node{}}
+}
+
+var _ Index = (*Tree)(nil)
+
+// Apply implements Index.
+func (t *Tree) Apply(ev kvevent.RouterEvent) error {
+	w := ev.Worker()
+	switch d := ev.Event.Data.(type) {
+	case kvevent.Stored:
+		return t.store(w, d)
+	case kvevent.Removed:
+		return t.remove(w, d.BlockHashes)
+	case kvevent.Cleared:
+		t.clear(w)
+		return nil
+	}
+	return fmt.Errorf("%w: event %d of worker %v has no data", ErrInvalidEvent, ev.Event.ID, w)
+}
+
+func (t *Tree) store(w kvevent.Worker, d kvevent.Stored) error {
+	lookup := t.workers[w]
+	parent := t.root
+	if d.HasParent {
+		p, ok := lookup[d.ParentHash]
+		if !ok {
+			return fmt.Errorf("%w: worker %v, parent %#x", ErrParentNotFound, w, d.ParentHash)
+		}
+		parent = p
+	}
+	if lookup == nil {
+		lookup = map[uint64]*node{}
+		t.workers[w] = lookup
+	}
+	for _, b := range d.Blocks {
+		child := parent.children[b.TokensHash]
+		if child == nil {
+			child = newNode(b.TokensHash, parent)
+			parent.children[b.TokensHash] = child
+		}
+		old, had := lookup[b.BlockHash]
+		if had && old == child {
+			parent = child
+			continue
+		}
+		// Join first, so that leaving old cannot prune the path just walked.
+		if _, held := child.workers[w]; !held {
+			child.workers[w] = struct{}{}
+			lookup[b.BlockHash] = child
+			t.size++
+		} else if had {
+			delete(lookup, b.BlockHash)
+		}
+		if had {
+			t.leave(old, w)
+		}
+		parent = child
+	}
+	return nil
+}
+
+func (t *Tree) remove(w kvevent.Worker, hashes []uint64) error {
+	lookup := t.workers[w]
+	missing := 0
+	for _, h := range hashes {
+		n, ok := lookup[h]
+		if !ok {
+			missing++
+			continue
+		}
+		delete(lookup, h)
+		t.leave(n, w)
+	}
+	if missing > 0 {
+		return fmt.Errorf("%w: %d of %d blocks of worker %v", ErrBlockNotFound, missing, len(hashes), w)
+	}
+	return nil
+}
+
+func (t *Tree) clear(w kvevent.Worker) {
+	for _, n := range t.workers[w] {
+		t.leave(n, w)
+	}
+	delete(t.workers, w)
+}
+
+// leave removes w from n and unlinks the nodes left empty and childless.
+func (t *Tree) leave(n *node, w kvevent.Worker) {
+	delete(n.workers, w)
+	t.size--
+	for n != t.root && len(n.workers) == 0 && len(n.children) == 0 {
+		delete(n.parent.children, n.key)
+		n = n.parent
+	}
+}
+
+// RemoveWorker implements Index.
+func (t *Tree) RemoveWorker(id kvevent.WorkerID) {
+	for w := range t.workers {
+		if w.ID == id {
+			t.clear(w)
+		}
+	}
+}
+
+// Size implements Index.
+func (t *Tree) Size() int { return t.size }
+
+// FindMatches implements Index. It walks the request's path by tokens hash,
+// keeping the workers that held every block so far; a worker is written to
+// the result only when it drops out or the walk ends.
+func (t *Tree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
+	var res OverlapScores
+	var active []kvevent.Worker
+	depth := 0
+	cur := t.root
+	for i, h := range local {
+		child := cur.children[h]
+		if child == nil {
+			break
+		}
+		if i == 0 {
+			for w := range child.workers {
+				active = append(active, w)
+			}
+			res = newScores(len(active))
+		}
+		keep := active[:0]
+		for _, w := range active {
+			if _, ok := child.workers[w]; ok {
+				keep = append(keep, w)
+			} else {
+				res.Scores[w] = uint32(i)
+			}
+		}
+		active = keep
+		if len(active) == 0 {
+			break
+		}
+		cur, depth = child, i+1
+		if earlyExit && len(active) == 1 {
+			break
+		}
+	}
+	if res.Scores == nil {
+		res = newScores(0)
+	}
+	for _, w := range active {
+		res.Scores[w] = uint32(depth)
+	}
+	for w := range res.Scores {
+		res.TreeSizes[w] = len(t.workers[w])
+	}
+	return res
+}
+
+// Dump implements Index. It walks the tree breadth first, so parents come
+// before children.
+func (t *Tree) Dump() []kvevent.RouterEvent {
+	// Invert each worker's map: which engine hash names a held node.
+	held := make(map[kvevent.Worker]map[*node]uint64, len(t.workers))
+	for w, lookup := range t.workers {
+		m := make(map[*node]uint64, len(lookup))
+		for h, n := range lookup {
+			m[n] = h
+		}
+		held[w] = m
+	}
+	d := &dumper[*node]{
+		root:   t.root,
+		key:    func(n *node) uint64 { return n.key },
+		parent: func(n *node) *node { return n.parent },
+		held:   held,
+	}
+	queue := []*node{t.root}
+	for len(queue) > 0 {
+		n := queue[0]
+		queue = queue[1:]
+		if n != t.root {
+			ws := make([]kvevent.Worker, 0, len(n.workers))
+			for w := range n.workers {
+				ws = append(ws, w)
+			}
+			slices.SortFunc(ws, compareWorkers)
+			for _, w := range ws {
+				d.emit(w, n)
+			}
+		}
+		keys := make([]uint64, 0, len(n.children))
+		for k := range n.children {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			queue = append(queue, n.children[k])
+		}
+	}
+	return d.finish()
+}

@@ -1,0 +1,53 @@
+package radix_test
+
+import (
+	"math/rand/v2"
+
+	"github.com/kvradix/kvradix/kvevent"
+	"testing"
+
+	"github.com/kvradix/kvradix/radix"
+	"github.com/kvradix/kvradix/radix/radixtest"
+)
+
+func TestTreeConformance(t *testing.T) {
+	radixtest.Run(t, func() radix.Index { return radix.NewTree() })
+}
+
+// FuzzTree decodes the input into a command stream and checks the tree
+// against the model after every command.
+func FuzzTree(f *testing.F) {
+	f.Add([]byte{0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add([]byte{1, 1, 3, 0, 2, 2, 2, 1, 1, 10, 1, 0, 0, 0, 14, 0, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		src := &radixtest.Bytes{B: data}
+		g := &radixtest.Gen{Src: src, Model: radixtest.NewModel()}
+		idx := radix.NewTree()
+		for !src.Exhausted() {
+			if !radixtest.Step(t, idx, g) {
+				return
+			}
+		}
+	})
+}
+
+// TestTreeStructure runs random streams and checks the tree's links after
+// every step; removing every worker must leave no node behind.
+func TestTreeStructure(t *testing.T) {
+	for seed := range uint64(10) {
+		g := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, 1)), Model: radixtest.NewModel()}
+		tree := radix.NewTree()
+		for i := range 400 {
+			radixtest.Step(t, tree, g)
+			if err := radix.TreeInvariants(tree); err != nil {
+				t.Fatalf("seed %d step %d: %v", seed, i, err)
+			}
+		}
+		for id := range kvevent.WorkerID(3) {
+			tree.RemoveWorker(id)
+		}
+		if n := radix.TreeNodes(tree); n != 0 || tree.Size() != 0 {
+			t.Fatalf("seed %d: %d nodes and %d pairs left after removing every worker", seed, n, tree.Size())
+		}
+	}
+}
