@@ -1,7 +1,10 @@
 package radix
 
 import (
+	"slices"
+
 	"fmt"
+	"github.com/kvradix/kvradix/kvevent"
 )
 
 // TreeInvariants checks the tree's structure: links agree both ways, no
@@ -65,4 +68,60 @@ func TreeNodes(t *Tree) int {
 		return c
 	}
 	return count(t.root)
+}
+
+// ConcurrentInvariants checks a quiescent ConcurrentTree: every node has
+// workers or children, child counts and parents agree, and the workers'
+// maps name exactly the memberships.
+func ConcurrentInvariants(t *ConcurrentTree) (nodes int, err error) {
+	children := map[uint64]int32{}
+	members := 0
+	t.nodes.Range(func(k uint64, n *cnode) bool {
+		nodes++
+		if len(n.slots) == 0 && n.children == 0 {
+			err = fmt.Errorf("node %x is empty and childless", k)
+			return false
+		}
+		if n.parent != rootKey {
+			if _, ok := t.nodes.Load(n.parent); !ok {
+				err = fmt.Errorf("node %x has no parent", k)
+				return false
+			}
+			children[n.parent]++
+		}
+		if childKey(n.parent, n.local) != k {
+			err = fmt.Errorf("node %x is under the wrong key", k)
+			return false
+		}
+		members += len(n.slots)
+		return true
+	})
+	if err != nil {
+		return nodes, err
+	}
+	t.nodes.Range(func(k uint64, n *cnode) bool {
+		if n.children != children[k] {
+			err = fmt.Errorf("node %x counts %d children, has %d", k, n.children, children[k])
+		}
+		return err == nil
+	})
+	pairs := 0
+	t.workers.Range(func(w kvevent.Worker, cw *cworker) bool {
+		for _, k := range cw.lookup {
+			n, ok := t.nodes.Load(k)
+			if _, found := slices.BinarySearch(n.slots, cw.slot); !ok || !found {
+				err = fmt.Errorf("worker %v names node %x it is not in", w, k)
+				return false
+			}
+		}
+		if int(cw.size.Load()) != len(cw.lookup) {
+			err = fmt.Errorf("worker %v size %d, map %d", w, cw.size.Load(), len(cw.lookup))
+		}
+		pairs += len(cw.lookup)
+		return err == nil
+	})
+	if err == nil && (pairs != members || pairs != t.Size()) {
+		err = fmt.Errorf("%d hashes, %d memberships, size %d", pairs, members, t.Size())
+	}
+	return nodes, err
 }

@@ -31,6 +31,7 @@ package radix
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/kvradix/kvradix/kvevent"
 )
@@ -45,6 +46,21 @@ var (
 	// ErrInvalidEvent rejects an event without data.
 	ErrInvalidEvent = errors.New("invalid event")
 )
+
+// MissingBlocksError reports the hashes of a Removed event the worker did
+// not hold; it matches ErrBlockNotFound under errors.Is.
+type MissingBlocksError struct {
+	Worker  kvevent.Worker
+	Missing int // hashes not held
+	Of      int // hashes in the event
+}
+
+func (e *MissingBlocksError) Error() string {
+	return fmt.Sprintf("%v: %d of %d blocks of worker %v", ErrBlockNotFound, e.Missing, e.Of, e.Worker)
+}
+
+// Is makes errors.Is(err, ErrBlockNotFound) hold.
+func (e *MissingBlocksError) Is(target error) bool { return target == ErrBlockNotFound }
 
 // OverlapScores is the result of matching a request against an index.
 type OverlapScores struct {

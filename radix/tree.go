@@ -106,7 +106,7 @@ func (t *Tree) remove(w kvevent.Worker, hashes []uint64) error {
 		t.leave(n, w)
 	}
 	if missing > 0 {
-		return fmt.Errorf("%w: %d of %d blocks of worker %v", ErrBlockNotFound, missing, len(hashes), w)
+		return &MissingBlocksError{Worker: w, Missing: missing, Of: len(hashes)}
 	}
 	return nil
 }

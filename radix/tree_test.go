@@ -51,3 +51,21 @@ func TestTreeStructure(t *testing.T) {
 		}
 	}
 }
+
+func TestConcurrentTreeConformance(t *testing.T) {
+	radixtest.Run(t, func() radix.Index { return radix.NewConcurrentTree() })
+}
+
+func FuzzConcurrentTree(f *testing.F) {
+	f.Add([]byte{0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		src := &radixtest.Bytes{B: data}
+		g := &radixtest.Gen{Src: src, Model: radixtest.NewModel()}
+		idx := radix.NewConcurrentTree()
+		for !src.Exhausted() {
+			if !radixtest.Step(t, idx, g) {
+				return
+			}
+		}
+	})
+}

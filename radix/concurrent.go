@@ -1,0 +1,417 @@
+package radix
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/puzpuzpuz/xsync/v4"
+
+	"github.com/kvradix/kvradix/kvevent"
+)
+
+// ConcurrentTree is the lock-sharded index: FindMatches runs from any number
+// of goroutines while events of different workers are applied in parallel.
+//
+// # Layout
+//
+// Nodes are not linked by child pointers. A node's key is a 64-bit chain of
+// the tokens hashes on its path from the root (childKey), and all nodes live
+// in one xsync.Map keyed by it: a hash table of 64-byte buckets with
+// lock-free reads and per-bucket write locks, so writers of unrelated nodes
+// never contend and readers never lock at all. A node stores its tokens
+// hash, its parent's key, its number of children and its workers as a sorted
+// array of dense worker slots (4 bytes each, not a map per node).
+//
+// Nodes are immutable once published: a writer changes a node by replacing
+// it, under its bucket lock (xsync's Compute), with a modified copy. A node
+// left with no workers and no children is deleted and its parent's child
+// count decremented (cascading), exactly as Tree unlinks nodes; so every
+// ancestor of a stored node exists, which Dump relies on.
+//
+// Each worker (id and rank) owns a map from engine block hash to node key.
+// It is touched only by the goroutine applying that worker's events.
+//
+// # Concurrency contract
+//
+//   - Apply and RemoveWorker for one worker id must come from one goroutine
+//     at a time (shardpool.Pool pins every worker id to one lane); events of
+//     different worker ids may be applied in parallel.
+//   - FindMatches, Size and TreeSizes may run at any time, from any number of
+//     goroutines. A reader takes no lock; it sees every node's worker set as
+//     one consistent snapshot, but different nodes at different moments, so
+//     while a writer is mid-event a reader may see some of the event's blocks
+//     and not others, or a child that still holds a worker its parent no
+//     longer does. A worker is scored d only if the reader saw it in each of
+//     the request's first d nodes, and a worker enters a node only by storing
+//     that block: so a score never exceeds the prefix the worker stored.
+//   - Dump must not run concurrently with writers.
+//
+// Two different paths whose 64-bit chained keys collide would share a node;
+// with well-mixed tokens hashes the chance is about n²/2⁶⁵ for n nodes.
+type ConcurrentTree struct {
+	nodes   *xsync.Map[uint64, *cnode]
+	workers *xsync.Map[kvevent.Worker, *cworker]
+	slots   atomic.Pointer[[]*cworker] // slot -> worker; append-only, copy on write
+	slotsMu sync.Mutex
+	size    atomic.Int64
+	scratch sync.Pool // *matchScratch
+}
+
+// cnode is one block. It is immutable once stored in the map.
+type cnode struct {
+	local    uint64   // tokens hash
+	parent   uint64   // parent's key; rootKey at the top
+	children int32    // nodes whose parent this is
+	slots    []uint32 // workers holding the block, sorted
+}
+
+// cworker is one cache owner. lookup is owned by its writer goroutine; the
+// rest is safe to read concurrently.
+type cworker struct {
+	worker kvevent.Worker
+	slot   uint32
+	size   atomic.Int64      // len(lookup)
+	lookup map[uint64]uint64 // engine hash -> node key
+}
+
+type matchScratch struct {
+	active  []uint32
+	dropped []slotScore
+}
+
+type slotScore struct {
+	slot  uint32
+	score uint32
+}
+
+// rootKey is the key the top-level blocks chain from; no node has it.
+const rootKey uint64 = 0x243F6A8885A308D3
+
+// childKey chains a parent key and a tokens hash: a bijective multiply-xor
+// mix (the murmur3 finaliser) of parent·φ ⊕ local.
+func childKey(parent, local uint64) uint64 {
+	x := parent*0x9E3779B97F4A7C15 ^ local
+	x ^= x >> 33
+	x *= 0xFF51AFD7ED558CCD
+	x ^= x >> 33
+	x *= 0xC4CEB9FE1A85EC53
+	x ^= x >> 33
+	return x
+}
+
+// NewConcurrentTree returns an empty tree.
+func NewConcurrentTree() *ConcurrentTree {
+	t := &ConcurrentTree{
+		nodes:   xsync.NewMap[uint64, *cnode](xsync.WithPresize(1 << 12)),
+		workers: xsync.NewMap[kvevent.Worker, *cworker](),
+	}
+	t.slots.Store(&[]*cworker{})
+	t.scratch.New = func() any { return &matchScratch{} }
+	return t
+}
+
+var _ Index = (*ConcurrentTree)(nil)
+
+// worker returns w's state, registering it with a new slot on first sight.
+func (t *ConcurrentTree) worker(w kvevent.Worker) *cworker {
+	if cw, ok := t.workers.Load(w); ok {
+		return cw
+	}
+	cw, _ := t.workers.LoadOrCompute(w, func() (*cworker, bool) {
+		t.slotsMu.Lock()
+		defer t.slotsMu.Unlock()
+		old := *t.slots.Load()
+		cw := &cworker{worker: w, slot: uint32(len(old)), lookup: map[uint64]uint64{}}
+		next := append(old[:len(old):len(old)], cw)
+		t.slots.Store(&next)
+		return cw, false
+	})
+	return cw
+}
+
+// Apply implements Index. See the type's concurrency contract.
+func (t *ConcurrentTree) Apply(ev kvevent.RouterEvent) error {
+	w := ev.Worker()
+	switch d := ev.Event.Data.(type) {
+	case kvevent.Stored:
+		return t.store(w, d)
+	case kvevent.Removed:
+		return t.remove(w, d.BlockHashes)
+	case kvevent.Cleared:
+		if cw, ok := t.workers.Load(w); ok {
+			t.clear(cw)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: event %d of worker %v has no data", ErrInvalidEvent, ev.Event.ID, w)
+}
+
+func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
+	cw := t.worker(w)
+	parent := rootKey
+	if d.HasParent {
+		k, ok := cw.lookup[d.ParentHash]
+		if !ok {
+			return fmt.Errorf("%w: worker %v, parent %#x", ErrParentNotFound, w, d.ParentHash)
+		}
+		parent = k
+	}
+	for _, b := range d.Blocks {
+		key := childKey(parent, b.TokensHash)
+		old, had := cw.lookup[b.BlockHash]
+		if had && old == key {
+			parent = key
+			continue
+		}
+		// Join first, so that leaving old cannot delete the path just walked.
+		if t.join(key, parent, b.TokensHash, cw.slot) {
+			cw.lookup[b.BlockHash] = key
+			cw.size.Add(1)
+			t.size.Add(1)
+		} else if had {
+			delete(cw.lookup, b.BlockHash)
+		}
+		if had {
+			t.leave(old, cw)
+		}
+		parent = key
+	}
+	return nil
+}
+
+// join adds slot to the node key, creating it (as a child of parent) if
+// needed; it reports false if the slot already held the node.
+func (t *ConcurrentTree) join(key, parent, local uint64, slot uint32) bool {
+	created, joined := false, false
+	t.nodes.Compute(key, func(n *cnode, loaded bool) (*cnode, xsync.ComputeOp) {
+		if !loaded {
+			created, joined = true, true
+			return &cnode{local: local, parent: parent, slots: []uint32{slot}}, xsync.UpdateOp
+		}
+		i, found := slices.BinarySearch(n.slots, slot)
+		if found {
+			return n, xsync.CancelOp
+		}
+		joined = true
+		nn := *n
+		nn.slots = make([]uint32, len(n.slots)+1)
+		copy(nn.slots, n.slots[:i])
+		nn.slots[i] = slot
+		copy(nn.slots[i+1:], n.slots[i:])
+		return &nn, xsync.UpdateOp
+	})
+	if created && parent != rootKey {
+		t.nodes.Compute(parent, func(n *cnode, loaded bool) (*cnode, xsync.ComputeOp) {
+			nn := *n // the parent exists: the writer holds it
+			nn.children++
+			return &nn, xsync.UpdateOp
+		})
+	}
+	return joined
+}
+
+// leave removes cw from the node key, deleting nodes left empty and
+// childless up the path.
+func (t *ConcurrentTree) leave(key uint64, cw *cworker) {
+	cw.size.Add(-1)
+	t.size.Add(-1)
+	deleted, parent := false, uint64(0)
+	t.nodes.Compute(key, func(n *cnode, loaded bool) (*cnode, xsync.ComputeOp) {
+		if !loaded {
+			return n, xsync.CancelOp
+		}
+		i, found := slices.BinarySearch(n.slots, cw.slot)
+		if !found {
+			return n, xsync.CancelOp
+		}
+		if len(n.slots) == 1 && n.children == 0 {
+			deleted, parent = true, n.parent
+			return nil, xsync.DeleteOp
+		}
+		nn := *n
+		nn.slots = slices.Delete(slices.Clone(n.slots), i, i+1)
+		if len(nn.slots) == 0 {
+			nn.slots = nil
+		}
+		return &nn, xsync.UpdateOp
+	})
+	for deleted && parent != rootKey {
+		deleted = false
+		t.nodes.Compute(parent, func(n *cnode, loaded bool) (*cnode, xsync.ComputeOp) {
+			if n.children == 1 && len(n.slots) == 0 {
+				deleted, parent = true, n.parent
+				return nil, xsync.DeleteOp
+			}
+			nn := *n
+			nn.children--
+			return &nn, xsync.UpdateOp
+		})
+	}
+}
+
+func (t *ConcurrentTree) remove(w kvevent.Worker, hashes []uint64) error {
+	cw, _ := t.workers.Load(w)
+	missing := 0
+	for _, h := range hashes {
+		var key uint64
+		ok := false
+		if cw != nil {
+			key, ok = cw.lookup[h]
+		}
+		if !ok {
+			missing++
+			continue
+		}
+		delete(cw.lookup, h)
+		t.leave(key, cw)
+	}
+	if missing > 0 {
+		return &MissingBlocksError{Worker: w, Missing: missing, Of: len(hashes)}
+	}
+	return nil
+}
+
+func (t *ConcurrentTree) clear(cw *cworker) {
+	for _, key := range cw.lookup {
+		t.leave(key, cw)
+	}
+	clear(cw.lookup)
+}
+
+// RemoveWorker implements Index: every rank of id leaves every node and is
+// forgotten. Its slot is not reused, so a concurrent reader can never credit
+// a removed worker's blocks to another.
+func (t *ConcurrentTree) RemoveWorker(id kvevent.WorkerID) {
+	var ranks []*cworker
+	t.workers.Range(func(w kvevent.Worker, cw *cworker) bool {
+		if w.ID == id {
+			ranks = append(ranks, cw)
+		}
+		return true
+	})
+	for _, cw := range ranks {
+		t.clear(cw)
+		t.workers.Delete(cw.worker)
+	}
+}
+
+// Size implements Index.
+func (t *ConcurrentTree) Size() int { return int(t.size.Load()) }
+
+// FindMatches implements Index. It walks the request's chained keys with
+// lock-free map loads, intersecting the sorted slot arrays of successive
+// nodes; a worker is recorded only when it drops out or the walk ends.
+func (t *ConcurrentTree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
+	s := t.scratch.Get().(*matchScratch)
+	active, dropped := s.active[:0], s.dropped[:0]
+	key, depth := rootKey, 0
+	for i, h := range local {
+		key = childKey(key, h)
+		n, ok := t.nodes.Load(key)
+		if !ok {
+			break
+		}
+		if i == 0 {
+			active = append(active, n.slots...)
+		} else {
+			keep, j := active[:0], 0
+			for _, slot := range active {
+				for j < len(n.slots) && n.slots[j] < slot {
+					j++
+				}
+				if j < len(n.slots) && n.slots[j] == slot {
+					keep = append(keep, slot)
+				} else {
+					dropped = append(dropped, slotScore{slot, uint32(i)})
+				}
+			}
+			active = keep
+		}
+		if len(active) == 0 {
+			break
+		}
+		depth = i + 1
+		if earlyExit && len(active) == 1 {
+			break
+		}
+	}
+	res := newScores(len(active) + len(dropped))
+	slots := *t.slots.Load()
+	for _, d := range dropped {
+		cw := slots[d.slot]
+		res.Scores[cw.worker] = d.score
+		res.TreeSizes[cw.worker] = int(cw.size.Load())
+	}
+	for _, slot := range active {
+		cw := slots[slot]
+		res.Scores[cw.worker] = uint32(depth)
+		res.TreeSizes[cw.worker] = int(cw.size.Load())
+	}
+	s.active, s.dropped = active, dropped
+	t.scratch.Put(s)
+	return res
+}
+
+// Dump implements Index. It must not run concurrently with writers.
+func (t *ConcurrentTree) Dump() []kvevent.RouterEvent {
+	held := map[kvevent.Worker]map[uint64]uint64{}
+	type pair struct {
+		w     kvevent.Worker
+		key   uint64
+		depth int
+	}
+	var pairs []pair
+	depths := map[uint64]int{rootKey: 0}
+	var depthOf func(k uint64) int
+	depthOf = func(k uint64) int {
+		if d, ok := depths[k]; ok {
+			return d
+		}
+		n, _ := t.nodes.Load(k)
+		d := depthOf(n.parent) + 1
+		depths[k] = d
+		return d
+	}
+	t.workers.Range(func(w kvevent.Worker, cw *cworker) bool {
+		if len(cw.lookup) == 0 {
+			return true
+		}
+		m := make(map[uint64]uint64, len(cw.lookup))
+		for h, k := range cw.lookup {
+			m[k] = h
+			pairs = append(pairs, pair{w, k, depthOf(k)})
+		}
+		held[w] = m
+		return true
+	})
+	slices.SortFunc(pairs, func(a, b pair) int {
+		if a.depth != b.depth {
+			return a.depth - b.depth
+		}
+		if a.key != b.key {
+			if a.key < b.key {
+				return -1
+			}
+			return 1
+		}
+		return compareWorkers(a.w, b.w)
+	})
+	d := &dumper[uint64]{
+		root: rootKey,
+		key: func(k uint64) uint64 {
+			n, _ := t.nodes.Load(k)
+			return n.local
+		},
+		parent: func(k uint64) uint64 {
+			n, _ := t.nodes.Load(k)
+			return n.parent
+		},
+		held: held,
+	}
+	for _, p := range pairs {
+		d.emit(p.w, p.key)
+	}
+	return d.finish()
+}
