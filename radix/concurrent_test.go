@@ -81,3 +81,95 @@ func TestDifferential(t *testing.T) {
 	}
 }
 
+// TestConcurrentReadersAndWriters runs writers (one goroutine per worker id,
+// as the pool guarantees) and readers at once, under -race in CI. Worker i
+// only ever stores paths of depth <= 2+i over tokens hashes {1, 2}, so no
+// reader may score it higher; at the end the tree must equal each writer's
+// own model.
+func TestConcurrentReadersAndWriters(t *testing.T) {
+	const writers, readers, steps = 4, 4, 2000
+	tree := radix.NewConcurrentTree()
+	models := make([]*radixtest.Model, writers)
+	var wg, rg sync.WaitGroup
+	stop := make(chan struct{})
+	for i := range writers {
+		models[i] = radixtest.NewModel()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(i), 5))
+			m := models[i]
+			maxDepth := 2 + i
+			for s := range steps {
+				w := kvevent.Worker{ID: kvevent.WorkerID(i), DPRank: kvevent.DPRank(r.IntN(2))}
+				ev := kvevent.RouterEvent{WorkerID: w.ID, Event: kvevent.Event{ID: uint64(s), DPRank: w.DPRank}}
+				switch c := r.IntN(10); {
+				case c < 6:
+					var blocks []kvevent.StoredBlock
+					for d := range 1 + r.IntN(maxDepth) {
+						blocks = append(blocks, kvevent.StoredBlock{BlockHash: uint64(s*16 + d), TokensHash: uint64(1 + r.IntN(2))})
+					}
+					ev.Event.Data = kvevent.Stored{Blocks: blocks}
+				case c < 9:
+					hs := m.Hashes(w)
+					if len(hs) == 0 {
+						continue
+					}
+					ev.Event.Data = kvevent.Removed{BlockHashes: []uint64{hs[r.IntN(len(hs))]}}
+				default:
+					ev.Event.Data = kvevent.Cleared{}
+				}
+				e1, e2 := tree.Apply(ev), m.Apply(ev)
+				if (e1 == nil) != (e2 == nil) {
+					t.Errorf("worker %v: %v vs model %v", w, e1, e2)
+					return
+				}
+			}
+		}()
+	}
+	for i := range readers {
+		rg.Add(1)
+		go func() {
+			defer rg.Done()
+			r := rand.New(rand.NewPCG(uint64(i), 6))
+			q := make([]uint64, 10)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for j := range q {
+					q[j] = uint64(1 + r.IntN(2))
+				}
+				for w, s := range tree.FindMatches(q, r.IntN(2) == 0).Scores {
+					if int(s) > 2+int(w.ID) || s == 0 {
+						t.Errorf("worker %v scored %d on %v", w, s, q)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	rg.Wait()
+	if _, err := radix.ConcurrentInvariants(tree); err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, m := range models {
+		total += m.Size()
+		for _, q := range [][]uint64{{1, 1, 1, 1, 1, 1}, {1, 2, 1, 2, 1, 2}, {2, 2, 2, 2, 2, 2}, {2, 1, 1, 2, 2, 1}} {
+			got := tree.FindMatches(q, false).Scores
+			for w, s := range m.Scores(q) {
+				if got[w] != s {
+					t.Fatalf("query %v worker %v: %d, model %d", q, w, got[w], s)
+				}
+			}
+		}
+	}
+	if tree.Size() != total {
+		t.Fatalf("size %d, models %d", tree.Size(), total)
+	}
+}
