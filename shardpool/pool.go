@@ -1,0 +1,197 @@
+package shardpool
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/puzpuzpuz/xsync/v4"
+
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix"
+)
+
+// Pool is the thread-pool indexer over a radix.ConcurrentTree.
+//
+//   - Each worker id is pinned to one of the lanes on first sight (round
+//     robin) for the pool's lifetime, so one worker's events, and its
+//     removal, apply in order, and each lane alone touches its workers'
+//     engine-hash maps (no locks).
+//   - A lane drains its queue in batches of up to MaxBatch and applies a
+//     batch in one go.
+//   - FindMatches runs on the caller's goroutine against the concurrent
+//     tree: queries never queue behind events and scale with readers. A
+//     query sees the events applied so far, not necessarily all queued.
+//   - Back-pressure: each lane's queue holds QueueSize messages; a full
+//     queue blocks the sender. No event is ever dropped.
+//   - Flush is a barrier across every lane; Close drains every queue.
+//
+// All methods are safe for concurrent use.
+type Pool struct {
+	h      *hasher
+	tree   *radix.ConcurrentTree
+	lanes  []chan msg
+	assign *xsync.Map[kvevent.WorkerID, int]
+	next   atomic.Uint64
+	gate   gate
+	closed atomic.Bool
+	wg     sync.WaitGroup
+	c      counters
+}
+
+// NewPool starts a pool of lanes goroutines (at least 1) for the block size.
+func NewPool(lanes, blockSize int) *Pool {
+	lanes = max(lanes, 1)
+	p := &Pool{
+		h:      newHasher(blockSize),
+		tree:   radix.NewConcurrentTree(),
+		lanes:  make([]chan msg, lanes),
+		assign: xsync.NewMap[kvevent.WorkerID, int](),
+	}
+	for i := range p.lanes {
+		p.lanes[i] = make(chan msg, QueueSize)
+		p.wg.Add(1)
+		go p.run(p.lanes[i])
+	}
+	return p
+}
+
+var _ Indexer = (*Pool)(nil)
+
+// Lanes returns the number of lanes.
+func (p *Pool) Lanes() int { return len(p.lanes) }
+
+// Tree returns the index the pool maintains, for read-only use (its size).
+func (p *Pool) Tree() *radix.ConcurrentTree { return p.tree }
+
+// lane returns the queue of a worker id, assigning one on first sight.
+func (p *Pool) lane(id kvevent.WorkerID) chan msg {
+	i, ok := p.assign.Load(id)
+	if !ok {
+		i, _ = p.assign.LoadOrCompute(id, func() (int, bool) {
+			return int((p.next.Add(1) - 1) % uint64(len(p.lanes))), false
+		})
+	}
+	return p.lanes[i]
+}
+
+func (p *Pool) run(ch chan msg) {
+	defer p.wg.Done()
+	batch := make([]msg, 0, MaxBatch)
+	applied := 0
+	for open := true; open; {
+		m, ok := <-ch
+		if !ok {
+			return
+		}
+		batch = append(batch[:0], m)
+	drain:
+		for len(batch) < MaxBatch {
+			select {
+			case m, ok := <-ch:
+				if !ok {
+					open = false
+					break drain
+				}
+				batch = append(batch, m)
+			default:
+				break drain
+			}
+		}
+		p.c.batch(len(batch))
+		for i := range batch {
+			m := &batch[i]
+			switch m.kind {
+			case msgEvent:
+				p.c.record(p.tree.Apply(m.ev))
+				applied++
+			case msgRemove:
+				p.tree.RemoveWorker(m.id)
+				p.c.removedWorkers.Add(1)
+			case msgFlush:
+				m.reply <- result{n: applied}
+				applied = 0
+			}
+			*m = msg{} // drop references for the GC
+		}
+	}
+}
+
+// ApplyEvent implements Indexer.
+func (p *Pool) ApplyEvent(ev kvevent.RouterEvent) error {
+	if err := p.gate.enter(); err != nil {
+		return err
+	}
+	defer p.gate.leave()
+	if !ev.Tier.IsGPU() {
+		p.c.ignoredTier.Add(1)
+		return nil
+	}
+	ch := p.lane(ev.WorkerID)
+	ch <- msg{kind: msgEvent, ev: ev}
+	p.c.queued.Add(1)
+	storeMax(&p.c.maxDepth, int64(len(ch)))
+	return nil
+}
+
+// FindMatches implements Indexer; it runs on the caller's goroutine.
+func (p *Pool) FindMatches(local []uint64) (radix.OverlapScores, error) {
+	if p.closed.Load() {
+		return radix.OverlapScores{}, ErrClosed
+	}
+	return p.tree.FindMatches(local, false), nil
+}
+
+// FindMatchesForRequest implements Indexer.
+func (p *Pool) FindMatchesForRequest(tokens []uint32, lora string) (radix.OverlapScores, error) {
+	return p.h.match(tokens, lora, p.FindMatches)
+}
+
+// RemoveWorker implements Indexer: the removal goes through the worker's
+// lane, after its queued events.
+func (p *Pool) RemoveWorker(id kvevent.WorkerID) error {
+	if err := p.gate.enter(); err != nil {
+		return err
+	}
+	defer p.gate.leave()
+	p.lane(id) <- msg{kind: msgRemove, id: id}
+	return nil
+}
+
+// Flush implements Indexer: a barrier message through every lane.
+func (p *Pool) Flush() (int, error) {
+	if err := p.gate.enter(); err != nil {
+		return 0, err
+	}
+	reply := make(chan result, len(p.lanes))
+	for _, ch := range p.lanes {
+		ch <- msg{kind: msgFlush, reply: reply}
+	}
+	p.gate.leave()
+	n := 0
+	for range p.lanes {
+		n += (<-reply).n
+	}
+	return n, nil
+}
+
+// Close implements Indexer.
+func (p *Pool) Close() error {
+	if !p.gate.shut() {
+		return ErrClosed
+	}
+	p.closed.Store(true)
+	for _, ch := range p.lanes {
+		close(ch)
+	}
+	p.wg.Wait()
+	return nil
+}
+
+// Stats implements Indexer.
+func (p *Pool) Stats() Stats {
+	depth := 0
+	for _, ch := range p.lanes {
+		depth += len(ch)
+	}
+	return p.c.stats(depth)
+}

@@ -1,0 +1,288 @@
+package shardpool_test
+
+import (
+	"errors"
+	"maps"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvradix/kvradix/hashing"
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix"
+	"github.com/kvradix/kvradix/radix/radixtest"
+	"github.com/kvradix/kvradix/shardpool"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type impl struct {
+	name string
+	new  func(blockSize int) shardpool.Indexer
+}
+
+var impls = []impl{
+	{"single", func(bs int) shardpool.Indexer { return shardpool.NewSingle(bs) }},
+	{"pool/lanes=1", func(bs int) shardpool.Indexer { return shardpool.NewPool(1, bs) }},
+	{"pool/lanes=2", func(bs int) shardpool.Indexer { return shardpool.NewPool(2, bs) }},
+	{"pool/lanes=4", func(bs int) shardpool.Indexer { return shardpool.NewPool(4, bs) }},
+}
+
+func forEach(t *testing.T, f func(t *testing.T, idx shardpool.Indexer)) {
+	for _, im := range impls {
+		t.Run("impl="+im.name, func(t *testing.T) {
+			idx := im.new(4)
+			defer idx.Close()
+			f(t, idx)
+		})
+	}
+}
+
+func check(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func flush(t *testing.T, idx shardpool.Indexer) int {
+	t.Helper()
+	n, err := idx.Flush()
+	check(t, err)
+	return n
+}
+
+func find(t *testing.T, idx shardpool.Indexer, tokens []uint32, lora string) radix.OverlapScores {
+	t.Helper()
+	s, err := idx.FindMatchesForRequest(tokens, lora)
+	check(t, err)
+	return s
+}
+
+func match(t *testing.T, idx shardpool.Indexer, local []uint64) radix.OverlapScores {
+	t.Helper()
+	s, err := idx.FindMatches(local)
+	check(t, err)
+	return s
+}
+
+// storedTokens is a Stored event of worker 7 holding the blocks of tokens.
+func storedTokens(tier kvevent.Tier, tokens []uint32) kvevent.RouterEvent {
+	local := hashing.LocalHashes(nil, tokens, 4, hashing.Options{})
+	s := kvevent.Stored{}
+	for i, h := range local {
+		s.Blocks = append(s.Blocks, kvevent.StoredBlock{BlockHash: uint64(100 + i), TokensHash: h})
+	}
+	return kvevent.RouterEvent{WorkerID: 7, Tier: tier, Event: kvevent.Event{ID: 1, Data: s}}
+}
+
+// The reference's storage-tier check: only Device-tier events count.
+func TestStorageTiers(t *testing.T) {
+	forEach(t, func(t *testing.T, idx shardpool.Indexer) {
+		tokens := []uint32{1, 2, 3, 4}
+		w7 := kvevent.Worker{ID: 7}
+		check(t, idx.ApplyEvent(storedTokens(kvevent.TierHostPinned, tokens)))
+		flush(t, idx)
+		got := find(t, idx, tokens, "")
+		if _, ok := got.Scores[w7]; ok {
+			t.Fatalf("host-pinned store scored: %v", got.Scores)
+		}
+		if st := idx.Stats(); st.IgnoredTier != 1 || st.Applied != 0 {
+			t.Fatalf("stats %+v", st)
+		}
+		check(t, idx.ApplyEvent(storedTokens(kvevent.TierDevice, tokens)))
+		flush(t, idx)
+		got = find(t, idx, tokens, "")
+		if got.Scores[w7] != 1 {
+			t.Fatalf("device store: %v, want worker 7 scored 1", got.Scores)
+		}
+		if other := find(t, idx, tokens, "lora"); len(other.Scores) != 0 {
+			t.Fatalf("a LoRA request matched base-model blocks: %v", other.Scores)
+		}
+	})
+}
+
+func TestRejectionsAreCounted(t *testing.T) {
+	forEach(t, func(t *testing.T, idx shardpool.Indexer) {
+		w := kvevent.Worker{ID: 3, DPRank: 1}
+		evs := []kvevent.RouterEvent{
+			radixtest.Stored(w, -1, 10, 1, 11, 2),
+			radixtest.Stored(w, 99, 12, 3),        // parent unknown
+			radixtest.Removed(w, 11, 77, 78),      // two unknown
+			{WorkerID: 3, Event: kvevent.Event{}}, // no data
+		}
+		for _, e := range evs {
+			check(t, idx.ApplyEvent(e))
+		}
+		if n := flush(t, idx); n != 4 {
+			t.Fatalf("flush reports %d events, want 4", n)
+		}
+		st := idx.Stats()
+		if st.Applied != 1 || st.ParentNotFound != 1 || st.BlockNotFound != 1 || st.BlocksNotFound != 2 || st.Invalid != 1 || st.Rejected() != 3 {
+			t.Fatalf("stats %+v", st)
+		}
+		if !strings.Contains(st.LastRejection, "worker 3") {
+			t.Fatalf("last rejection %q does not name the worker", st.LastRejection)
+		}
+		if got := match(t, idx, []uint64{1, 2}); !maps.Equal(got.Scores, map[kvevent.Worker]uint32{w: 1}) {
+			t.Fatalf("scores %v", got.Scores)
+		}
+		if n := flush(t, idx); n != 0 {
+			t.Fatalf("second flush reports %d", n)
+		}
+	})
+}
+
+func TestRemoveWorkerIsOrdered(t *testing.T) {
+	forEach(t, func(t *testing.T, idx shardpool.Indexer) {
+		for r := range kvevent.DPRank(3) {
+			check(t, idx.ApplyEvent(radixtest.Stored(kvevent.Worker{ID: 5, DPRank: r}, -1, 10, 1)))
+		}
+		check(t, idx.ApplyEvent(radixtest.Stored(kvevent.Worker{ID: 6}, -1, 10, 1)))
+		check(t, idx.RemoveWorker(5))
+		check(t, idx.ApplyEvent(radixtest.Stored(kvevent.Worker{ID: 5, DPRank: 2}, -1, 11, 1)))
+		flush(t, idx)
+		got := match(t, idx, []uint64{1})
+		want := map[kvevent.Worker]uint32{{ID: 6}: 1, {ID: 5, DPRank: 2}: 1}
+		if !maps.Equal(got.Scores, want) {
+			t.Fatalf("scores %v, want %v", got.Scores, want)
+		}
+		if st := idx.Stats(); st.RemovedWorkers != 1 {
+			t.Fatalf("stats %+v", st)
+		}
+	})
+}
+
+func TestCloseDrainsAndThenRefuses(t *testing.T) {
+	for _, im := range impls {
+		t.Run("impl="+im.name, func(t *testing.T) {
+			idx := im.new(4)
+			const n = 3 * shardpool.QueueSize / 2
+			for i := range n {
+				w := kvevent.Worker{ID: kvevent.WorkerID(i % 5)}
+				check(t, idx.ApplyEvent(radixtest.Stored(w, -1, uint64(i), uint64(i%100))))
+			}
+			if err := idx.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if st := idx.Stats(); st.Applied != n || st.QueueDepth != 0 {
+				t.Fatalf("after close: %d of %d applied, %d queued", st.Applied, n, st.QueueDepth)
+			}
+			for name, err := range map[string]error{
+				"ApplyEvent":   idx.ApplyEvent(radixtest.Cleared(kvevent.Worker{})),
+				"RemoveWorker": idx.RemoveWorker(1),
+				"Close":        idx.Close(),
+			} {
+				if !errors.Is(err, shardpool.ErrClosed) {
+					t.Errorf("%s after close: %v", name, err)
+				}
+			}
+			if _, err := idx.Flush(); !errors.Is(err, shardpool.ErrClosed) {
+				t.Errorf("Flush after close: %v", err)
+			}
+			if _, err := idx.FindMatches([]uint64{1}); !errors.Is(err, shardpool.ErrClosed) {
+				t.Errorf("FindMatches after close: %v", err)
+			}
+		})
+	}
+}
+
+func TestBadBlockSize(t *testing.T) {
+	for _, im := range impls {
+		idx := im.new(0)
+		if _, err := idx.FindMatchesForRequest([]uint32{1, 2}, ""); err == nil {
+			t.Errorf("%s: block size 0 accepted", im.name)
+		}
+		idx.Close()
+	}
+}
+
+// TestConcurrentProducersAndReaders feeds each worker's random stream from
+// its own goroutine while readers query, then checks the flushed index
+// against the model built from the same streams.
+func TestConcurrentProducersAndReaders(t *testing.T) {
+	forEach(t, func(t *testing.T, idx shardpool.Indexer) {
+		const producers = 6
+		models := make([]*radixtest.Model, producers)
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		var readers sync.WaitGroup
+		for i := range 3 {
+			readers.Add(1)
+			go func() {
+				defer readers.Done()
+				r := rand.New(rand.NewPCG(uint64(i), 9))
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					q := []uint64{uint64(1 + r.IntN(3)), uint64(1 + r.IntN(3))}
+					if _, err := idx.FindMatches(q); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		for p := range producers {
+			models[p] = radixtest.NewModel()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				g := &radixtest.Gen{Src: rand.New(rand.NewPCG(uint64(p), 8)), Model: radixtest.NewModel()}
+				for range 300 {
+					op := g.Next()
+					if op.Kind != radixtest.OpEvent {
+						continue
+					}
+					// Give producer p its own worker ids.
+					op.Event.WorkerID = kvevent.WorkerID(p*10) + op.Event.WorkerID
+					_ = g.Model.Apply(op.Event)
+					_ = models[p].Apply(op.Event)
+					if err := idx.ApplyEvent(op.Event); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(stop)
+		readers.Wait()
+		flush(t, idx)
+		for a := uint64(1); a <= 3; a++ {
+			for b := uint64(1); b <= 3; b++ {
+				q := []uint64{a, b, 1, 2, 3}
+				got := match(t, idx, q).Scores
+				want := map[kvevent.Worker]uint32{}
+				for _, m := range models {
+					maps.Copy(want, m.Scores(q))
+				}
+				if !maps.Equal(got, want) {
+					t.Fatalf("query %v: %v, want %v", q, got, want)
+				}
+			}
+		}
+	})
+}
+
+func TestPoolBatchStats(t *testing.T) {
+	p := shardpool.NewPool(2, 4)
+	defer p.Close()
+	for i := range 10000 {
+		check(t, p.ApplyEvent(radixtest.Stored(kvevent.Worker{ID: kvevent.WorkerID(i % 8)}, -1, uint64(i), 1)))
+	}
+	flush(t, p)
+	st := p.Stats()
+	if st.Batches == 0 || st.BatchedEvents < 10000 || st.MaxBatch < 1 || st.MeanBatch() < 1 || st.Queued != 10000 {
+		t.Fatalf("stats %+v", st)
+	}
+	if p.Lanes() != 2 || p.Tree().Size() != 8 {
+		t.Fatalf("lanes %d size %d", p.Lanes(), p.Tree().Size())
+	}
+}

@@ -1,0 +1,143 @@
+package shardpool
+
+import (
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix"
+)
+
+// Single is the single-threaded indexer, as Dynamo's KvIndexer: one
+// goroutine owns a radix.Tree, and events, queries, removals and flushes all
+// reach it through one channel, so a query sees every event queued before
+// it by the same caller. It is the baseline the Pool is measured against.
+//
+// All methods are safe for concurrent use.
+type Single struct {
+	h    *hasher
+	ch   chan msg
+	gate gate
+	done chan struct{}
+	c    counters
+}
+
+type msgKind uint8
+
+const (
+	msgEvent msgKind = iota
+	msgMatch
+	msgRemove
+	msgFlush
+)
+
+type msg struct {
+	kind  msgKind
+	ev    kvevent.RouterEvent
+	local []uint64
+	id    kvevent.WorkerID
+	reply chan result
+}
+
+type result struct {
+	scores radix.OverlapScores
+	n      int
+}
+
+// NewSingle starts a single-threaded indexer for the given block size.
+func NewSingle(blockSize int) *Single {
+	s := &Single{h: newHasher(blockSize), ch: make(chan msg, QueueSize), done: make(chan struct{})}
+	go s.run(radix.NewTree())
+	return s
+}
+
+var _ Indexer = (*Single)(nil)
+
+func (s *Single) run(tree *radix.Tree) {
+	defer close(s.done)
+	applied := 0
+	for m := range s.ch {
+		switch m.kind {
+		case msgEvent:
+			s.c.record(tree.Apply(m.ev))
+			applied++
+		case msgMatch:
+			m.reply <- result{scores: tree.FindMatches(m.local, false)}
+		case msgRemove:
+			tree.RemoveWorker(m.id)
+			s.c.removedWorkers.Add(1)
+		case msgFlush:
+			m.reply <- result{n: applied}
+			applied = 0
+		}
+	}
+}
+
+// send queues m unless the indexer is closed.
+func (s *Single) send(m msg) error {
+	if err := s.gate.enter(); err != nil {
+		return err
+	}
+	s.ch <- m
+	s.gate.leave()
+	return nil
+}
+
+// call queues m and waits for its reply.
+func (s *Single) call(m msg) (result, error) {
+	m.reply = make(chan result, 1)
+	if err := s.send(m); err != nil {
+		return result{}, err
+	}
+	return <-m.reply, nil
+}
+
+// ApplyEvent implements Indexer.
+func (s *Single) ApplyEvent(ev kvevent.RouterEvent) error {
+	if !ev.Tier.IsGPU() {
+		if s.gate.enter() != nil {
+			return ErrClosed
+		}
+		s.gate.leave()
+		s.c.ignoredTier.Add(1)
+		return nil
+	}
+	if err := s.send(msg{kind: msgEvent, ev: ev}); err != nil {
+		return err
+	}
+	s.c.queued.Add(1)
+	storeMax(&s.c.maxDepth, int64(len(s.ch)))
+	return nil
+}
+
+// FindMatches implements Indexer; the match runs on the indexer goroutine.
+func (s *Single) FindMatches(local []uint64) (radix.OverlapScores, error) {
+	r, err := s.call(msg{kind: msgMatch, local: local})
+	return r.scores, err
+}
+
+// FindMatchesForRequest implements Indexer.
+func (s *Single) FindMatchesForRequest(tokens []uint32, lora string) (radix.OverlapScores, error) {
+	return s.h.match(tokens, lora, s.FindMatches)
+}
+
+// RemoveWorker implements Indexer.
+func (s *Single) RemoveWorker(id kvevent.WorkerID) error {
+	return s.send(msg{kind: msgRemove, id: id})
+}
+
+// Flush implements Indexer.
+func (s *Single) Flush() (int, error) {
+	r, err := s.call(msg{kind: msgFlush})
+	return r.n, err
+}
+
+// Close implements Indexer.
+func (s *Single) Close() error {
+	if !s.gate.shut() {
+		return ErrClosed
+	}
+	close(s.ch)
+	<-s.done
+	return nil
+}
+
+// Stats implements Indexer.
+func (s *Single) Stats() Stats { return s.c.stats(len(s.ch)) }
