@@ -1,0 +1,113 @@
+package bench
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/shardpool"
+)
+
+type indexerImpl struct {
+	name string
+	new  func() shardpool.Indexer
+}
+
+var indexerImpls = []indexerImpl{
+	{"single", func() shardpool.Indexer { return shardpool.NewSingle(16) }},
+	{"pool/lanes=1", func() shardpool.Indexer { return shardpool.NewPool(1, 16) }},
+	{"pool/lanes=2", func() shardpool.Indexer { return shardpool.NewPool(2, 16) }},
+	{"pool/lanes=4", func() shardpool.Indexer { return shardpool.NewPool(4, 16) }},
+}
+
+// BenchmarkMixed runs readers and event appliers together, as a router
+// does: 64 workers hold a shared 512-block prefix; each parallel goroutine
+// either matches the 512-block prefix (reads=R percent of its ops) or, as
+// its own worker, stores 16 blocks under the prefix and later removes them.
+// The final Flush is timed, so queued events count. Run with -cpu 1,2,...
+func BenchmarkMixed(b *testing.B) {
+	const depth, workers, eventBlocks = 512, 64, 16
+	for _, reads := range []int{50, 90, 99} {
+		for _, im := range indexerImpls {
+			b.Run(fmt.Sprintf("impl=%s/reads=%d", im.name, reads), func(b *testing.B) {
+				idx := im.new()
+				defer idx.Close()
+				for i := range workers {
+					if err := idx.ApplyEvent(chain(kvevent.Worker{ID: kvevent.WorkerID(i)}, 0, false, 0, depth, tokensHash)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if _, err := idx.Flush(); err != nil {
+					b.Fatal(err)
+				}
+				q := make([]uint64, depth)
+				for i := range q {
+					q[i] = tokensHash(i)
+				}
+				var gid atomic.Uint64
+				var blocks atomic.Int64
+				b.ReportAllocs()
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					w := kvevent.Worker{ID: kvevent.WorkerID(1000 + gid.Add(1))}
+					// The goroutine's own chain to hang its events under.
+					if err := idx.ApplyEvent(chain(w, 0, false, 0, 4, tokensHash)); err != nil {
+						b.Fatal(err)
+					}
+					var n, done int64
+					stored := false
+					var store, remove kvevent.RouterEvent
+					for i := 0; pb.Next(); i++ {
+						if i%100 < reads {
+							if _, err := idx.FindMatches(q); err != nil {
+								b.Fatal(err)
+							}
+							done += depth
+							continue
+						}
+						if !stored {
+							n++
+							store = chain(w, 3, true, uint64(n)<<20, eventBlocks, func(i int) uint64 { return tokensHash(int(n)*eventBlocks + i + depth) })
+							remove = removal(store)
+							_ = idx.ApplyEvent(store)
+						} else {
+							_ = idx.ApplyEvent(remove)
+						}
+						stored = !stored
+						done += eventBlocks
+					}
+					blocks.Add(done)
+				})
+				if _, err := idx.Flush(); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if st := idx.Stats(); st.Rejected() != 0 {
+					b.Fatalf("rejected events: %+v", st)
+				}
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+				b.ReportMetric(float64(blocks.Load())/b.Elapsed().Seconds(), "blocks/s")
+			})
+		}
+	}
+}
+
+// BenchmarkFindMatchesParallel is read-only scaling: every goroutine
+// matches a 128-block prefix held by 64 workers, staggered.
+func BenchmarkFindMatchesParallel(b *testing.B) {
+	for _, im := range indexImpls {
+		b.Run("impl="+im.name, func(b *testing.B) {
+			idx := im.new()
+			q := findSetup(b, idx, "partial", 128, 64)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					idx.FindMatches(q, false)
+				}
+			})
+			b.ReportMetric(128*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+		})
+	}
+}
