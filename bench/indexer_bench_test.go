@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/shardpool"
 )
 
@@ -110,4 +111,37 @@ func BenchmarkFindMatchesParallel(b *testing.B) {
 			b.ReportMetric(128*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
 		})
 	}
+}
+
+// BenchmarkApplyParallel is write scaling on the concurrent tree: every
+// goroutine is its own worker (as a pool lane would be) storing 16 blocks
+// under a shared 64-block prefix and removing them again.
+func BenchmarkApplyParallel(b *testing.B) {
+	idx := radix.NewConcurrentTree()
+	for i := range 16 {
+		if err := idx.Apply(chain(kvevent.Worker{ID: kvevent.WorkerID(i)}, 0, false, 0, 64, tokensHash)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var gid atomic.Uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		g := gid.Add(1)
+		w := kvevent.Worker{ID: kvevent.WorkerID(1000 + g)}
+		if err := idx.Apply(chain(w, 0, false, 0, 64, tokensHash)); err != nil {
+			b.Fatal(err)
+		}
+		store := chain(w, 63, true, 1<<20, 16, func(i int) uint64 { return tokensHash(int(g)*64 + i + 1000) })
+		remove := removal(store)
+		for pb.Next() {
+			if err := idx.Apply(store); err != nil {
+				b.Fatal(err)
+			}
+			if err := idx.Apply(remove); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.ReportMetric(32*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
 }

@@ -1,0 +1,265 @@
+package router_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+	"go.uber.org/goleak"
+
+	"github.com/kvradix/kvradix/hashing"
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/router"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func newRouter(t *testing.T, mode router.Mode, n int, edit func(*router.Config)) *router.Router {
+	t.Helper()
+	cfg := router.DefaultConfig()
+	cfg.BlockSize = 4
+	if edit != nil {
+		edit(&cfg)
+	}
+	r, err := router.New(mode, cfg, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Shutdown() })
+	return r
+}
+
+// publishBlocks makes worker w publish the complete blocks of tokens as
+// one Stored event (engine hashes = sequence hashes), as an engine would
+// after prefill.
+func publishBlocks(t *testing.T, r *router.Router, w int, tokens []uint32, tier kvevent.Tier) {
+	t.Helper()
+	local := hashing.LocalHashes(nil, tokens, 4, hashing.Options{})
+	seq := hashing.SequenceHashes(nil, local)
+	st := kvevent.Stored{}
+	for i := range local {
+		st.Blocks = append(st.Blocks, kvevent.StoredBlock{BlockHash: seq[i], TokensHash: local[i]})
+	}
+	if err := r.Sink(kvevent.WorkerID(w)).PublishWithTier(kvevent.Event{Data: st}, tier); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func seq(n int, start uint32) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = start + uint32(i)
+	}
+	return out
+}
+
+func TestConfigValidation(t *testing.T) {
+	edits := map[string]func(*router.Config){
+		"block size":  func(c *router.Config) { c.BlockSize = 0 },
+		"weight":      func(c *router.Config) { c.OverlapWeight = -1 },
+		"temperature": func(c *router.Config) { c.Temperature = -1 },
+		"lanes":       func(c *router.Config) { c.IndexerLanes = 0 },
+	}
+	for name, edit := range edits {
+		cfg := router.DefaultConfig()
+		edit(&cfg)
+		if _, err := router.New(router.KV, cfg, 2); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := router.New(router.KV, router.DefaultConfig(), 0); err == nil {
+		t.Error("zero workers accepted")
+	}
+	if _, err := router.New(router.Mode(7), router.DefaultConfig(), 1); err == nil {
+		t.Error("unknown mode accepted")
+	}
+	d := router.DefaultConfig()
+	if d.BlockSize != 16 || d.OverlapWeight != 1 || d.Temperature != 0 || d.IndexerLanes != 2 || d.QueueThreshold != 0 || d.MaxBatchedTokens != 8192 || !d.TrackPrefillTokens {
+		t.Errorf("defaults %+v", d)
+	}
+}
+
+func TestRequestValidation(t *testing.T) {
+	for _, mode := range []router.Mode{router.RoundRobin, router.KV} {
+		r := newRouter(t, mode, 2, nil)
+		ctx := context.Background()
+		if _, err := r.SelectWorker(ctx, router.Request{Tokens: seq(8, 0)}); err == nil {
+			t.Errorf("%v: request without UUID accepted", mode)
+		}
+		if _, err := r.SelectWorker(ctx, router.Request{UUID: uuid.New(), MaxOutputTokens: math.MaxUint32 + 1}); err == nil {
+			t.Errorf("%v: max output tokens over u32 accepted", mode)
+		}
+		if _, err := r.SelectWorker(ctx, router.Request{UUID: uuid.New(), MaxOutputTokens: -1}); err == nil {
+			t.Errorf("%v: negative max output tokens accepted", mode)
+		}
+		if err := r.Sink(2).Publish(kvevent.Event{Data: kvevent.Cleared{}}); err == nil {
+			t.Errorf("%v: sink of an unknown worker accepted an event", mode)
+		}
+	}
+}
+
+func TestRoundRobinCycles(t *testing.T) {
+	r := newRouter(t, router.RoundRobin, 3, nil)
+	for i := range 9 {
+		w, err := r.SelectWorker(context.Background(), router.Request{UUID: uuid.New(), Tokens: seq(8, 0)})
+		if err != nil || w != i%3 {
+			t.Fatalf("request %d went to %d (%v)", i, w, err)
+		}
+	}
+	if ok, err := r.OnFirstToken(uuid.New()); ok || err != nil {
+		t.Fatalf("OnFirstToken in round robin: %v %v", ok, err)
+	}
+	if ok, err := r.OnComplete(uuid.New()); ok || err != nil {
+		t.Fatalf("OnComplete in round robin: %v %v", ok, err)
+	}
+	if err := r.Sink(0).Publish(kvevent.Event{Data: kvevent.Cleared{}}); err != nil {
+		t.Fatalf("round robin sink: %v", err)
+	}
+}
+
+// The reference's tier check, through the router.
+func TestHostPinnedEventsGiveNoOverlap(t *testing.T) {
+	r := newRouter(t, router.KV, 2, nil)
+	tokens := seq(32, 1)
+	publishBlocks(t, r, 1, tokens, kvevent.TierHostPinned)
+	scores, err := r.Indexer().FindMatchesForRequest(tokens, "")
+	if err != nil || len(scores.Scores) != 0 {
+		t.Fatalf("host-pinned blocks scored: %v %v", scores.Scores, err)
+	}
+	publishBlocks(t, r, 1, tokens, kvevent.TierDevice)
+	scores, _ = r.Indexer().FindMatchesForRequest(tokens, "")
+	if scores.Scores[kvevent.Worker{ID: 1}] != 8 {
+		t.Fatalf("device blocks: %v", scores.Scores)
+	}
+}
+
+func TestKVPrefersLongestPrefixAtEqualLoad(t *testing.T) {
+	for _, lanes := range []int{1, 2} {
+		r := newRouter(t, router.KV, 4, func(c *router.Config) { c.IndexerLanes = lanes })
+		prompt := seq(64, 100)
+		publishBlocks(t, r, 1, prompt[:16], kvevent.TierDevice)
+		publishBlocks(t, r, 2, prompt[:48], kvevent.TierDevice)
+		for i := range 5 {
+			id := uuid.New()
+			w, err := r.SelectWorker(context.Background(), router.Request{UUID: id, Tokens: prompt})
+			if err != nil || w != 2 {
+				t.Fatalf("lanes %d request %d: worker %d (%v), want 2", lanes, i, w, err)
+			}
+			if ok, err := r.OnComplete(id); !ok || err != nil {
+				t.Fatal(ok, err)
+			}
+		}
+	}
+}
+
+// The pile-up failure: every request shares its first block (as in the
+// Mooncake conversation trace). Routing by overlap alone sends them all to
+// the worker that cached it first; the scheduler must spread them as its
+// load grows.
+func TestNoPileUpOnASharedFirstBlock(t *testing.T) {
+	const workers, requests = 4, 40
+	r := newRouter(t, router.KV, workers, nil)
+	system := seq(16, 1) // 4 shared blocks
+	counts := make([]int, workers)
+	for i := range requests {
+		tokens := append(append([]uint32(nil), system...), seq(48, uint32(1000+100*i))...)
+		w, err := r.SelectWorker(context.Background(), router.Request{UUID: uuid.New(), Tokens: tokens})
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[w]++
+		publishBlocks(t, r, w, tokens, kvevent.TierDevice) // requests stay active
+	}
+	for w, c := range counts {
+		if c == 0 || c > requests/2 {
+			t.Fatalf("counts %v: worker %d got %d of %d", counts, w, c, requests)
+		}
+	}
+}
+
+func TestLifecycleAndShutdown(t *testing.T) {
+	r := newRouter(t, router.KV, 2, nil)
+	id := uuid.New()
+	if _, err := r.SelectWorker(context.Background(), router.Request{UUID: id, Tokens: seq(20, 0), MaxOutputTokens: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := r.OnFirstToken(id); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if ok, err := r.OnComplete(id); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if _, err := r.OnComplete(id); !errors.Is(err, router.ErrUnknownRequest) {
+		t.Fatalf("second complete: %v", err)
+	}
+	publishBlocks(t, r, 0, seq(8, 0), kvevent.TierDevice)
+	if err := r.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Indexer().Stats(); st.Applied != 1 {
+		t.Fatalf("stats after shutdown %+v", st)
+	}
+	if err := r.Sink(0).Publish(kvevent.Event{Data: kvevent.Cleared{}}); !errors.Is(err, router.ErrShutdown) {
+		t.Fatalf("publish after shutdown: %v", err)
+	}
+	if _, err := r.SelectWorker(context.Background(), router.Request{UUID: uuid.New()}); !errors.Is(err, router.ErrShutdown) {
+		t.Fatalf("select after shutdown: %v", err)
+	}
+	if err := r.Flush(); !errors.Is(err, router.ErrShutdown) {
+		t.Fatalf("flush after shutdown: %v", err)
+	}
+	if err := r.Shutdown(); !errors.Is(err, router.ErrShutdown) {
+		t.Fatalf("second shutdown: %v", err)
+	}
+}
+
+func TestConcurrentSelectAndComplete(t *testing.T) {
+	r := newRouter(t, router.KV, 8, nil)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				id := uuid.New()
+				tokens := seq(32, uint32(g*1000+i%7))
+				w, err := r.SelectWorker(context.Background(), router.Request{UUID: id, Tokens: tokens})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				local := hashing.LocalHashes(nil, tokens, 4, hashing.Options{})
+				st := kvevent.Stored{}
+				for j, h := range local {
+					st.Blocks = append(st.Blocks, kvevent.StoredBlock{BlockHash: uint64(g)<<32 | uint64(i)<<8 | uint64(j), TokensHash: h})
+				}
+				if err := r.Sink(kvevent.WorkerID(w)).Publish(kvevent.Event{Data: st}); err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := r.OnFirstToken(id); err != nil {
+					t.Error(err)
+				}
+				if _, err := r.OnComplete(id); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := r.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := r.Scheduler().Active(); n != 0 {
+		t.Fatalf("%d requests still active", n)
+	}
+	if st := r.Indexer().Stats(); st.Applied != 1600 || st.Rejected() != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}

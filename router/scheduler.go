@@ -1,0 +1,469 @@
+// Package router turns overlap scores into routing decisions and follows
+// each request to completion, so that the next decision sees the real load.
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+
+	"github.com/google/uuid"
+
+	"github.com/kvradix/kvradix/kvevent"
+)
+
+var (
+	// ErrUnknownRequest is returned for a request id the scheduler does not
+	// track (never scheduled, or already freed).
+	ErrUnknownRequest = errors.New("router: unknown request")
+	// ErrDuplicateRequest is returned when a request id is scheduled twice.
+	ErrDuplicateRequest = errors.New("router: request already scheduled")
+	// ErrShutdown is returned by calls after Shutdown, and to requests that
+	// were waiting in the queue when it happened.
+	ErrShutdown = errors.New("router: shut down")
+)
+
+// SchedulerConfig configures a Scheduler.
+type SchedulerConfig struct {
+	BlockSize          int     // tokens per KV block, > 0
+	OverlapWeight      float64 // weight of prefill blocks in the cost, >= 0
+	Temperature        float64 // 0: lowest cost wins; > 0: softmax sampling
+	QueueThreshold     float64 // 0: no queueing; else see Scheduler
+	MaxBatchedTokens   int     // the engines' max_num_batched_tokens
+	TrackPrefillTokens bool    // count active prefill tokens in the cost
+	Seed               uint64  // seeds tie-breaks and sampling
+}
+
+// SchedRequest is what the scheduler needs of a request.
+type SchedRequest struct {
+	ID uuid.UUID
+	// ISL is the prompt length in tokens.
+	ISL int
+	// Blocks are the sequence hashes of the prompt's complete blocks.
+	Blocks []uint64
+	// Overlaps are the cached leading blocks per worker (the indexer's
+	// scores); absent workers have none.
+	Overlaps map[kvevent.Worker]uint32
+}
+
+// PotentialLoad is a worker's projected load if a request were placed on it.
+type PotentialLoad struct {
+	Worker         kvevent.Worker
+	PrefillTokens  int // active prefill tokens plus the request's uncached ones
+	DecodeBlocks   int // active unique blocks plus the request's new ones
+	ActiveRequests int // requests running now
+}
+
+// Scheduler tracks, per worker, the active sequences (the blocks of its
+// running requests, reference counted so a block shared by two requests
+// counts once) and the prefill tokens not yet computed, and places requests
+// by cost:
+//
+//	prefill_blocks = (active_prefill_tokens + isl - overlap·block_size) / block_size
+//	decode_blocks  = active unique blocks + the request's new blocks
+//	cost           = overlap_weight · prefill_blocks + decode_blocks
+//
+// A request's new blocks on a worker are its complete blocks not already
+// active there, plus its trailing partial block if any. With temperature 0
+// the lowest cost wins, ties broken uniformly at random; with temperature
+// T > 0 a worker is drawn with probability ∝ exp(-c/T), c the costs
+// normalised to [0, 1].
+//
+// Block sharing is found without visiting every worker: a map from sequence
+// hash to the workers holding it active gives each worker's count of the
+// request's blocks it already has, so a decision costs O(blocks + workers)
+// with a few arithmetic operations per worker.
+//
+// Queueing (QueueThreshold > 0): while every worker's active prefill tokens
+// exceed QueueThreshold·MaxBatchedTokens, requests wait in FIFO order until a
+// prefill completes or a request is freed; waiting honours the context.
+//
+// All methods are safe for concurrent use; one mutex serialises them.
+type Scheduler struct {
+	cfg     SchedulerConfig
+	mu      sync.Mutex
+	workers []kvevent.Worker
+	index   map[kvevent.Worker]int
+	prefill []int // active prefill tokens per worker
+	unique  []int // active unique blocks per worker
+	active  []int // active requests per worker
+	refs    map[uint64][]blockRef
+	reqs    map[uuid.UUID]*activeRequest
+	rng     *rand.Rand
+	waiters []chan struct{}
+	closed  bool
+
+	// scratch, reused under mu
+	overlap    []uint32
+	hits       []int32
+	touched    []int32 // workers with an overlap
+	hitWorkers []int32 // workers with hits
+	costs      []float64
+}
+
+type blockRef struct {
+	worker int32
+	count  int32
+}
+
+type activeRequest struct {
+	worker  int
+	blocks  []uint64
+	partial bool
+	prefill int // prefill tokens still counted
+}
+
+// NewScheduler returns a scheduler over the given workers.
+func NewScheduler(cfg SchedulerConfig, workers []kvevent.Worker) (*Scheduler, error) {
+	switch {
+	case cfg.BlockSize <= 0:
+		return nil, fmt.Errorf("router: block size %d, want > 0", cfg.BlockSize)
+	case cfg.OverlapWeight < 0 || math.IsNaN(cfg.OverlapWeight):
+		return nil, fmt.Errorf("router: overlap weight %v, want >= 0", cfg.OverlapWeight)
+	case cfg.Temperature < 0 || math.IsNaN(cfg.Temperature):
+		return nil, fmt.Errorf("router: temperature %v, want >= 0", cfg.Temperature)
+	case cfg.QueueThreshold < 0 || math.IsNaN(cfg.QueueThreshold):
+		return nil, fmt.Errorf("router: queue threshold %v, want >= 0", cfg.QueueThreshold)
+	case cfg.QueueThreshold > 0 && cfg.MaxBatchedTokens <= 0:
+		return nil, fmt.Errorf("router: max batched tokens %d, want > 0 with queueing", cfg.MaxBatchedTokens)
+	case len(workers) == 0:
+		return nil, errors.New("router: no workers")
+	}
+	n := len(workers)
+	s := &Scheduler{
+		cfg:     cfg,
+		workers: append([]kvevent.Worker(nil), workers...),
+		index:   make(map[kvevent.Worker]int, n),
+		prefill: make([]int, n),
+		unique:  make([]int, n),
+		active:  make([]int, n),
+		refs:    map[uint64][]blockRef{},
+		reqs:    map[uuid.UUID]*activeRequest{},
+		rng:     rand.New(rand.NewPCG(cfg.Seed, 0x6b76726164697821)),
+		overlap: make([]uint32, n),
+		hits:    make([]int32, n),
+		costs:   make([]float64, n),
+	}
+	for i, w := range workers {
+		if _, dup := s.index[w]; dup {
+			return nil, fmt.Errorf("router: worker %v listed twice", w)
+		}
+		s.index[w] = i
+	}
+	return s, nil
+}
+
+// Schedule picks a worker for req and registers the request on it. With
+// queueing on, it may first wait; it returns ctx.Err() if the context ends
+// while waiting, and ErrShutdown if the scheduler is closed.
+func (s *Scheduler) Schedule(ctx context.Context, req SchedRequest) (kvevent.Worker, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.admit(ctx); err != nil {
+		return kvevent.Worker{}, err
+	}
+	if _, dup := s.reqs[req.ID]; dup {
+		s.wakeHead()
+		return kvevent.Worker{}, fmt.Errorf("%w: %v", ErrDuplicateRequest, req.ID)
+	}
+	s.prepare(req)
+	i := s.choose(req)
+	s.register(req, i)
+	s.reset(req)
+	s.wakeHead()
+	return s.workers[i], nil
+}
+
+// admit waits, with mu held on entry and exit, until the request may be
+// scheduled: FIFO behind earlier waiters, while every worker is busy.
+func (s *Scheduler) admit(ctx context.Context) error {
+	if s.closed {
+		return ErrShutdown
+	}
+	if s.cfg.QueueThreshold <= 0 || (len(s.waiters) == 0 && !s.allBusy()) {
+		return nil
+	}
+	wake := make(chan struct{}, 1)
+	s.waiters = append(s.waiters, wake)
+	for {
+		s.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+		}
+		s.mu.Lock()
+		if s.closed {
+			return ErrShutdown
+		}
+		if err := ctx.Err(); err != nil {
+			s.dropWaiter(wake)
+			s.wakeHead()
+			return err
+		}
+		if s.waiters[0] == wake && !s.allBusy() {
+			s.waiters = s.waiters[1:]
+			return nil
+		}
+	}
+}
+
+func (s *Scheduler) dropWaiter(w chan struct{}) {
+	for i, x := range s.waiters {
+		if x == w {
+			s.waiters = append(s.waiters[:i], s.waiters[i+1:]...)
+			return
+		}
+	}
+}
+
+// wakeHead lets the first waiter re-check whether it may go.
+func (s *Scheduler) wakeHead() {
+	if len(s.waiters) > 0 {
+		select {
+		case s.waiters[0] <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (s *Scheduler) allBusy() bool {
+	limit := s.cfg.QueueThreshold * float64(s.cfg.MaxBatchedTokens)
+	for _, p := range s.prefill {
+		if float64(p) <= limit {
+			return false
+		}
+	}
+	return true
+}
+
+// prepare fills the scratch overlap and hit counts for req.
+func (s *Scheduler) prepare(req SchedRequest) {
+	for w, o := range req.Overlaps {
+		if i, ok := s.index[w]; ok {
+			s.overlap[i] = o
+			s.touched = append(s.touched, int32(i))
+		}
+	}
+	for _, h := range req.Blocks {
+		for _, r := range s.refs[h] {
+			if s.hits[r.worker] == 0 {
+				s.hitWorkers = append(s.hitWorkers, r.worker)
+			}
+			s.hits[r.worker]++
+		}
+	}
+}
+
+// reset zeroes the scratch prepare filled.
+func (s *Scheduler) reset(req SchedRequest) {
+	for _, i := range s.touched {
+		s.overlap[i] = 0
+	}
+	s.touched = s.touched[:0]
+	for _, i := range s.hitWorkers {
+		s.hits[i] = 0
+	}
+	s.hitWorkers = s.hitWorkers[:0]
+}
+
+// prefillTokens is the request's uncached prompt on worker i.
+func (s *Scheduler) prefillTokens(isl, i int) int {
+	return max(0, isl-int(s.overlap[i])*s.cfg.BlockSize)
+}
+
+// newBlocks is how many blocks the request adds to worker i's active set.
+func (s *Scheduler) newBlocks(req SchedRequest, i int) int {
+	n := len(req.Blocks) - int(s.hits[i])
+	if req.ISL%s.cfg.BlockSize != 0 {
+		n++
+	}
+	return n
+}
+
+// costs fills s.costs for req; prepare must have run.
+func (s *Scheduler) fillCosts(req SchedRequest) {
+	bs := s.cfg.BlockSize
+	fbs := float64(bs)
+	w := s.cfg.OverlapWeight
+	base := len(req.Blocks)
+	if req.ISL%bs != 0 {
+		base++
+	}
+	track := s.cfg.TrackPrefillTokens
+	for i := range s.costs {
+		pre := max(0, req.ISL-int(s.overlap[i])*bs)
+		if track {
+			pre += s.prefill[i]
+		}
+		dec := s.unique[i] + base - int(s.hits[i])
+		s.costs[i] = w*float64(pre)/fbs + float64(dec)
+	}
+}
+
+// choose returns the chosen worker for req; prepare must have run.
+func (s *Scheduler) choose(req SchedRequest) int {
+	s.fillCosts(req)
+	if s.cfg.Temperature == 0 {
+		best, ties := 0, 0
+		for i, c := range s.costs {
+			switch {
+			case c < s.costs[best]:
+				best, ties = i, 1
+			case c == s.costs[best]:
+				ties++
+				if s.rng.IntN(ties) == 0 { // uniform among equals
+					best = i
+				}
+			}
+		}
+		return best
+	}
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, c := range s.costs {
+		lo, hi = min(lo, c), max(hi, c)
+	}
+	span := hi - lo
+	total := 0.0
+	for i, c := range s.costs {
+		norm := 0.0
+		if span > 0 {
+			norm = (c - lo) / span
+		}
+		p := math.Exp(-norm / s.cfg.Temperature)
+		s.costs[i] = p
+		total += p
+	}
+	x := s.rng.Float64() * total
+	for i, p := range s.costs {
+		if x < p {
+			return i
+		}
+		x -= p
+	}
+	return len(s.costs) - 1
+}
+
+// register adds req to worker i's active sequences.
+func (s *Scheduler) register(req SchedRequest, i int) {
+	r := &activeRequest{worker: i, blocks: append([]uint64(nil), req.Blocks...), partial: req.ISL%s.cfg.BlockSize != 0}
+	if s.cfg.TrackPrefillTokens {
+		r.prefill = s.prefillTokens(req.ISL, i)
+		s.prefill[i] += r.prefill
+	}
+	for _, h := range r.blocks {
+		refs := s.refs[h]
+		found := false
+		for j := range refs {
+			if refs[j].worker == int32(i) {
+				refs[j].count++
+				found = true
+				break
+			}
+		}
+		if !found {
+			s.refs[h] = append(refs, blockRef{worker: int32(i), count: 1})
+			s.unique[i]++
+		}
+	}
+	if r.partial {
+		s.unique[i]++
+	}
+	s.active[i]++
+	s.reqs[req.ID] = r
+}
+
+// MarkPrefillCompleted removes the request's prefill tokens from its
+// worker's load (idempotent for a known request).
+func (s *Scheduler) MarkPrefillCompleted(id uuid.UUID) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.reqs[id]
+	if !ok {
+		return fmt.Errorf("%w: %v", ErrUnknownRequest, id)
+	}
+	s.prefill[r.worker] -= r.prefill
+	r.prefill = 0
+	s.wakeHead()
+	return nil
+}
+
+// Free releases the request's blocks (and prefill tokens, if still counted)
+// and forgets it.
+func (s *Scheduler) Free(id uuid.UUID) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.reqs[id]
+	if !ok {
+		return fmt.Errorf("%w: %v", ErrUnknownRequest, id)
+	}
+	i := r.worker
+	s.prefill[i] -= r.prefill
+	for _, h := range r.blocks {
+		refs := s.refs[h]
+		for j := range refs {
+			if refs[j].worker != int32(i) {
+				continue
+			}
+			if refs[j].count--; refs[j].count == 0 {
+				refs[j] = refs[len(refs)-1]
+				refs = refs[:len(refs)-1]
+				s.unique[i]--
+			}
+			break
+		}
+		if len(refs) == 0 {
+			delete(s.refs, h)
+		} else {
+			s.refs[h] = refs
+		}
+	}
+	if r.partial {
+		s.unique[i]--
+	}
+	s.active[i]--
+	delete(s.reqs, id)
+	s.wakeHead()
+	return nil
+}
+
+// PotentialLoads reports, per worker, the load it would have if req were
+// placed on it.
+func (s *Scheduler) PotentialLoads(req SchedRequest) []PotentialLoad {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.prepare(req)
+	out := make([]PotentialLoad, len(s.workers))
+	for i, w := range s.workers {
+		pre := s.prefillTokens(req.ISL, i)
+		if s.cfg.TrackPrefillTokens {
+			pre += s.prefill[i]
+		}
+		out[i] = PotentialLoad{Worker: w, PrefillTokens: pre, DecodeBlocks: s.unique[i] + s.newBlocks(req, i), ActiveRequests: s.active[i]}
+	}
+	s.reset(req)
+	return out
+}
+
+// Active returns the number of requests the scheduler tracks.
+func (s *Scheduler) Active() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.reqs)
+}
+
+// Close fails every waiting and later Schedule with ErrShutdown.
+func (s *Scheduler) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for _, w := range s.waiters {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
+	}
+	s.waiters = nil
+}
