@@ -24,8 +24,11 @@ import (
 // hash, its parent's key, its number of children and its workers as a sorted
 // array of dense worker slots (4 bytes each, not a map per node).
 //
-// Nodes are immutable once published: a writer changes a node by replacing
-// it, under its bucket lock (xsync's Compute), with a modified copy. A node
+// A node's worker set is immutable once published: a writer changes it by
+// replacing the node, under its bucket lock (xsync's Compute), with a
+// modified copy, so a reader's plain load sees a consistent set. The child
+// count, which readers never look at, is updated in place under the same
+// lock. A node
 // left with no workers and no children is deleted and its parent's child
 // count decremented (cascading), exactly as Tree unlinks nodes; so every
 // ancestor of a stored node exists, which Dump relies on.
@@ -59,21 +62,98 @@ type ConcurrentTree struct {
 	scratch sync.Pool // *matchScratch
 }
 
-// cnode is one block. It is immutable once stored in the map.
+// cnode is one block. Only children changes after the node is stored in
+// the map, and only under its bucket lock.
 type cnode struct {
-	local    uint64   // tokens hash
-	parent   uint64   // parent's key; rootKey at the top
-	children int32    // nodes whose parent this is
-	slots    []uint32 // workers holding the block, sorted
+	local    uint64    // tokens hash
+	parent   uint64    // parent's key; rootKey at the top
+	slots    []uint32  // workers holding the block, sorted; immutable
+	children int32     // nodes whose parent this is
+	one      [1]uint32 // backing array of slots for a node created by one worker
 }
 
-// cworker is one cache owner. lookup is owned by its writer goroutine; the
-// rest is safe to read concurrently.
+// cworker is one cache owner. lookup and op are owned by its writer
+// goroutine; the rest is safe to read concurrently.
 type cworker struct {
 	worker kvevent.Worker
 	slot   uint32
 	size   atomic.Int64      // len(lookup)
 	lookup map[uint64]uint64 // engine hash -> node key
+	op     nodeOp
+	// The op's methods as values, bound once: a closure per Compute call
+	// would allocate its captured results on every block.
+	joinFn, leaveFn, dropChildFn computeFn
+}
+
+type computeFn = func(*cnode, bool) (*cnode, xsync.ComputeOp)
+
+// nodeOp carries one node update's arguments and results through xsync's
+// Compute without a closure.
+type nodeOp struct {
+	slot            uint32
+	local, parent   uint64 // join: the new node's tokens hash and parent
+	created, joined bool   // join results
+	deleted         bool   // leave / dropChild: the node was deleted...
+	up              uint64 // ...and this was its parent
+}
+
+// join adds the slot to the node, creating it if absent.
+func (o *nodeOp) join(n *cnode, loaded bool) (*cnode, xsync.ComputeOp) {
+	if !loaded {
+		o.created, o.joined = true, true
+		n := &cnode{local: o.local, parent: o.parent, one: [1]uint32{o.slot}}
+		n.slots = n.one[:]
+		return n, xsync.UpdateOp
+	}
+	i, found := slices.BinarySearch(n.slots, o.slot)
+	if found {
+		return n, xsync.CancelOp
+	}
+	o.joined = true
+	nn := &cnode{local: n.local, parent: n.parent, children: n.children, slots: make([]uint32, len(n.slots)+1)}
+	copy(nn.slots, n.slots[:i])
+	nn.slots[i] = o.slot
+	copy(nn.slots[i+1:], n.slots[i:])
+	return nn, xsync.UpdateOp
+}
+
+// leave removes the slot from the node, deleting it if left empty and
+// childless.
+func (o *nodeOp) leave(n *cnode, loaded bool) (*cnode, xsync.ComputeOp) {
+	if !loaded {
+		return n, xsync.CancelOp
+	}
+	i, found := slices.BinarySearch(n.slots, o.slot)
+	if !found {
+		return n, xsync.CancelOp
+	}
+	if len(n.slots) == 1 && n.children == 0 {
+		o.deleted, o.up = true, n.parent
+		return nil, xsync.DeleteOp
+	}
+	nn := &cnode{local: n.local, parent: n.parent, children: n.children}
+	if len(n.slots) > 1 {
+		nn.slots = slices.Delete(slices.Clone(n.slots), i, i+1)
+	}
+	return nn, xsync.UpdateOp
+}
+
+// dropChild decrements the node's child count, deleting it if left empty
+// and childless.
+func (o *nodeOp) dropChild(n *cnode, loaded bool) (*cnode, xsync.ComputeOp) {
+	if n.children == 1 && len(n.slots) == 0 {
+		o.deleted, o.up = true, n.parent
+		return nil, xsync.DeleteOp
+	}
+	n.children--
+	return n, xsync.CancelOp
+}
+
+// addChild increments the node's child count; the node exists, since the
+// writer creating the child holds it.
+func addChild(n *cnode, _ bool) (*cnode, xsync.ComputeOp) {
+	n.children++
+	return n, xsync.CancelOp
 }
 
 type matchScratch struct {
@@ -124,6 +204,8 @@ func (t *ConcurrentTree) worker(w kvevent.Worker) *cworker {
 		defer t.slotsMu.Unlock()
 		old := *t.slots.Load()
 		cw := &cworker{worker: w, slot: uint32(len(old)), lookup: map[uint64]uint64{}}
+		cw.op.slot = cw.slot
+		cw.joinFn, cw.leaveFn, cw.dropChildFn = cw.op.join, cw.op.leave, cw.op.dropChild
 		next := append(old[:len(old):len(old)], cw)
 		t.slots.Store(&next)
 		return cw, false
@@ -166,7 +248,7 @@ func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
 			continue
 		}
 		// Join first, so that leaving old cannot delete the path just walked.
-		if t.join(key, parent, b.TokensHash, cw.slot) {
+		if t.join(key, parent, b.TokensHash, cw) {
 			cw.lookup[b.BlockHash] = key
 			cw.size.Add(1)
 			t.size.Add(1)
@@ -181,35 +263,16 @@ func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	return nil
 }
 
-// join adds slot to the node key, creating it (as a child of parent) if
-// needed; it reports false if the slot already held the node.
-func (t *ConcurrentTree) join(key, parent, local uint64, slot uint32) bool {
-	created, joined := false, false
-	t.nodes.Compute(key, func(n *cnode, loaded bool) (*cnode, xsync.ComputeOp) {
-		if !loaded {
-			created, joined = true, true
-			return &cnode{local: local, parent: parent, slots: []uint32{slot}}, xsync.UpdateOp
-		}
-		i, found := slices.BinarySearch(n.slots, slot)
-		if found {
-			return n, xsync.CancelOp
-		}
-		joined = true
-		nn := *n
-		nn.slots = make([]uint32, len(n.slots)+1)
-		copy(nn.slots, n.slots[:i])
-		nn.slots[i] = slot
-		copy(nn.slots[i+1:], n.slots[i:])
-		return &nn, xsync.UpdateOp
-	})
-	if created && parent != rootKey {
-		t.nodes.Compute(parent, func(n *cnode, loaded bool) (*cnode, xsync.ComputeOp) {
-			nn := *n // the parent exists: the writer holds it
-			nn.children++
-			return &nn, xsync.UpdateOp
-		})
+// join adds cw to the node key, creating it (as a child of parent) if
+// needed; it reports false if cw already held the node.
+func (t *ConcurrentTree) join(key, parent, local uint64, cw *cworker) bool {
+	o := &cw.op
+	o.local, o.parent, o.created, o.joined = local, parent, false, false
+	t.nodes.Compute(key, cw.joinFn)
+	if o.created && parent != rootKey {
+		t.nodes.Compute(parent, addChild)
 	}
-	return joined
+	return o.joined
 }
 
 // leave removes cw from the node key, deleting nodes left empty and
@@ -217,37 +280,12 @@ func (t *ConcurrentTree) join(key, parent, local uint64, slot uint32) bool {
 func (t *ConcurrentTree) leave(key uint64, cw *cworker) {
 	cw.size.Add(-1)
 	t.size.Add(-1)
-	deleted, parent := false, uint64(0)
-	t.nodes.Compute(key, func(n *cnode, loaded bool) (*cnode, xsync.ComputeOp) {
-		if !loaded {
-			return n, xsync.CancelOp
-		}
-		i, found := slices.BinarySearch(n.slots, cw.slot)
-		if !found {
-			return n, xsync.CancelOp
-		}
-		if len(n.slots) == 1 && n.children == 0 {
-			deleted, parent = true, n.parent
-			return nil, xsync.DeleteOp
-		}
-		nn := *n
-		nn.slots = slices.Delete(slices.Clone(n.slots), i, i+1)
-		if len(nn.slots) == 0 {
-			nn.slots = nil
-		}
-		return &nn, xsync.UpdateOp
-	})
-	for deleted && parent != rootKey {
-		deleted = false
-		t.nodes.Compute(parent, func(n *cnode, loaded bool) (*cnode, xsync.ComputeOp) {
-			if n.children == 1 && len(n.slots) == 0 {
-				deleted, parent = true, n.parent
-				return nil, xsync.DeleteOp
-			}
-			nn := *n
-			nn.children--
-			return &nn, xsync.UpdateOp
-		})
+	o := &cw.op
+	o.deleted = false
+	t.nodes.Compute(key, cw.leaveFn)
+	for o.deleted && o.up != rootKey {
+		o.deleted = false
+		t.nodes.Compute(o.up, cw.dropChildFn)
 	}
 }
 
