@@ -1,0 +1,190 @@
+// Package trace reads and generates LLM serving workloads in the Mooncake
+// trace format: one request per JSON line with its arrival time, prompt and
+// output lengths, and one hash id per 512-token prompt block, where equal
+// ids at the same position mean an equal prefix. It also turns a request
+// into token ids for any KV block size, preserving that prefix sharing.
+//
+// The Mooncake FAST'25 conversation trace is embedded as the default
+// workload (see data/README.md for its source and license).
+package trace
+
+import (
+	"bufio"
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// TraceBlockSize is the number of tokens a trace hash id stands for.
+const TraceBlockSize = 512
+
+// Request is one trace request.
+type Request struct {
+	Timestamp    float64  // arrival, ms from the trace start
+	InputLength  int      // prompt tokens
+	OutputLength int      // generated tokens
+	HashIDs      []uint64 // one per 512-token prompt block, the last maybe partial
+}
+
+//go:embed data/conversation_trace.jsonl
+var conversation []byte
+
+// DefaultName names the embedded trace in reports.
+const DefaultName = "mooncake-conversation (embedded)"
+
+// Default returns a reader over the embedded Mooncake conversation trace.
+func Default() io.Reader { return bytes.NewReader(conversation) }
+
+// Reader streams requests from a JSON Lines trace; it holds one line at a
+// time, so a trace of any size streams. It is not safe for concurrent use.
+type Reader struct {
+	br   *bufio.Reader
+	line int
+	buf  []byte
+}
+
+// NewReader returns a Reader over r.
+func NewReader(r io.Reader) *Reader { return &Reader{br: bufio.NewReaderSize(r, 256<<10)} }
+
+// LineError is an error in one line of a trace.
+type LineError struct {
+	Line  int
+	Field string // empty when the line is not JSON at all
+	Err   error
+}
+
+func (e *LineError) Error() string {
+	if e.Field == "" {
+		return fmt.Sprintf("line %d: %v", e.Line, e.Err)
+	}
+	return fmt.Sprintf("line %d: %s: %v", e.Line, e.Field, e.Err)
+}
+
+func (e *LineError) Unwrap() error { return e.Err }
+
+type wireRequest struct {
+	Timestamp    *float64  `json:"timestamp"`
+	InputLength  *int      `json:"input_length"`
+	OutputLength *int      `json:"output_length"`
+	HashIDs      *[]uint64 `json:"hash_ids"`
+}
+
+var errMissing = errors.New("missing")
+
+// Next returns the next request, io.EOF after the last, or a *LineError
+// naming the line and field of a malformed one. Blank lines are skipped.
+func (r *Reader) Next() (Request, error) {
+	for {
+		line, err := r.readLine()
+		if err != nil {
+			return Request{}, err
+		}
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 {
+			continue
+		}
+		return r.parse(line)
+	}
+}
+
+func (r *Reader) parse(line []byte) (Request, error) {
+	var w wireRequest
+	if err := json.Unmarshal(line, &w); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return Request{}, &LineError{Line: r.line, Field: te.Field, Err: fmt.Errorf("cannot use %s as %v", te.Value, te.Type)}
+		}
+		return Request{}, &LineError{Line: r.line, Err: err}
+	}
+	bad := func(field string, err error) (Request, error) {
+		return Request{}, &LineError{Line: r.line, Field: field, Err: err}
+	}
+	switch {
+	case w.Timestamp == nil:
+		return bad("timestamp", errMissing)
+	case *w.Timestamp < 0:
+		return bad("timestamp", fmt.Errorf("negative (%v)", *w.Timestamp))
+	case w.InputLength == nil:
+		return bad("input_length", errMissing)
+	case *w.InputLength <= 0:
+		return bad("input_length", fmt.Errorf("%d, want > 0", *w.InputLength))
+	case w.OutputLength == nil:
+		return bad("output_length", errMissing)
+	case *w.OutputLength < 0:
+		return bad("output_length", fmt.Errorf("%d, want >= 0", *w.OutputLength))
+	case w.HashIDs == nil:
+		return bad("hash_ids", errMissing)
+	}
+	if want := (*w.InputLength + TraceBlockSize - 1) / TraceBlockSize; len(*w.HashIDs) != want {
+		return bad("hash_ids", fmt.Errorf("%d ids for %d input tokens, want ceil(%d/%d) = %d",
+			len(*w.HashIDs), *w.InputLength, *w.InputLength, TraceBlockSize, want))
+	}
+	return Request{Timestamp: *w.Timestamp, InputLength: *w.InputLength, OutputLength: *w.OutputLength, HashIDs: *w.HashIDs}, nil
+}
+
+func (r *Reader) readLine() ([]byte, error) {
+	r.buf = r.buf[:0]
+	for {
+		chunk, err := r.br.ReadSlice('\n')
+		r.buf = append(r.buf, chunk...)
+		switch {
+		case err == nil:
+			r.line++
+			return r.buf, nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		case errors.Is(err, io.EOF):
+			if len(r.buf) == 0 {
+				return nil, io.EOF
+			}
+			r.line++
+			return r.buf, nil
+		default:
+			return nil, err
+		}
+	}
+}
+
+// ReadAll reads every request of r.
+func ReadAll(r io.Reader) ([]Request, error) {
+	tr := NewReader(r)
+	var out []Request
+	for {
+		req, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, req)
+	}
+}
+
+// Vocab bounds the token ids Tokens produces.
+const Vocab = 1 << 17
+
+// Tokens appends the prompt's token ids to dst: the 512 tokens of hash id
+// h are a fixed pseudo-random function of h, so requests with equal ids
+// share equal tokens (and hash to equal blocks at any block size), and
+// different ids give different tokens. The last block is cut to the
+// prompt's length.
+func Tokens(dst []uint32, req Request) []uint32 {
+	for i, h := range req.HashIDs {
+		n := min(TraceBlockSize, req.InputLength-i*TraceBlockSize)
+		x := h*0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019
+		for range n {
+			// splitmix64
+			x += 0x9E3779B97F4A7C15
+			z := x
+			z = (z ^ z>>30) * 0xBF58476D1CE4E5B9
+			z = (z ^ z>>27) * 0x94D049BB133111EB
+			z ^= z >> 31
+			dst = append(dst, uint32(z%Vocab))
+		}
+	}
+	return dst
+}

@@ -1,0 +1,158 @@
+package trace
+
+import (
+	"errors"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvradix/kvradix/hashing"
+)
+
+func TestReaderErrorsNameLineAndField(t *testing.T) {
+	good := `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}`
+	tests := []struct{ line, field, msg string }{
+		{`{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1]}`, "hash_ids", "1 ids for 600 input tokens"},
+		{`{"input_length": 600, "output_length": 5, "hash_ids": [1, 2]}`, "timestamp", "missing"},
+		{`{"timestamp": -1, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}`, "timestamp", "negative"},
+		{`{"timestamp": 0, "input_length": 0, "output_length": 5, "hash_ids": []}`, "input_length", "want > 0"},
+		{`{"timestamp": 0, "input_length": 600, "hash_ids": [1, 2]}`, "output_length", "missing"},
+		{`{"timestamp": 0, "input_length": 600, "output_length": -2, "hash_ids": [1, 2]}`, "output_length", "want >= 0"},
+		{`{"timestamp": 0, "input_length": 600, "output_length": 5}`, "hash_ids", "missing"},
+		{`{"timestamp": 0, "input_length": "many", "output_length": 5, "hash_ids": [1, 2]}`, "input_length", "cannot use"},
+		{`{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, -2]}`, "hash_ids", "cannot use"},
+		{`{"timestamp": 0,`, "", "unexpected end"},
+	}
+	for _, tc := range tests {
+		r := NewReader(strings.NewReader(good + "\n\n" + tc.line + "\n"))
+		if _, err := r.Next(); err != nil {
+			t.Fatal(err)
+		}
+		_, err := r.Next()
+		var le *LineError
+		if !errors.As(err, &le) || le.Line != 3 || le.Field != tc.field || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: got %v, want line 3 field %q saying %q", tc.line, err, tc.field, tc.msg)
+		}
+	}
+}
+
+func TestDefaultTrace(t *testing.T) {
+	reqs, err := ReadAll(Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != 12031 {
+		t.Fatalf("%d requests, want 12031", len(reqs))
+	}
+	first := reqs[0]
+	if first.Timestamp != 0 || first.InputLength != 6758 || first.OutputLength != 500 || len(first.HashIDs) != 14 {
+		t.Fatalf("first request %+v", first)
+	}
+	for i, r := range reqs {
+		if r.HashIDs[0] != 0 {
+			t.Fatalf("request %d does not start with block 0", i)
+		}
+		if i > 0 && r.Timestamp < reqs[i-1].Timestamp {
+			t.Fatalf("request %d arrives before %d", i, i-1)
+		}
+	}
+	r := NewReader(Default())
+	for range 12031 {
+		if _, err := r.Next(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := r.Next(); err != io.EOF {
+		t.Fatalf("after the last: %v", err)
+	}
+}
+
+// Prefix sharing survives tokenisation and hashing at any block size:
+// requests sharing k trace blocks share exactly the KV blocks inside them.
+func TestTokensPreserveSharing(t *testing.T) {
+	a := Request{InputLength: 1500, HashIDs: []uint64{7, 8, 9}}
+	b := Request{InputLength: 1300, HashIDs: []uint64{7, 8, 10}}
+	c := Request{InputLength: 1300, HashIDs: []uint64{11, 8, 10}}
+	ta, tb, tc := Tokens(nil, a), Tokens(nil, b), Tokens(nil, c)
+	if len(ta) != 1500 || len(tb) != 1300 {
+		t.Fatalf("lengths %d %d", len(ta), len(tb))
+	}
+	if !slices.Equal(ta[:1024], tb[:1024]) || slices.Equal(ta[1024:1300], tb[1024:1300]) {
+		t.Fatal("shared ids must give shared tokens, different ids different ones")
+	}
+	if slices.Equal(tb[512:1024], tc[512:1024]) == false {
+		t.Fatal("tokens of an id must not depend on the position's neighbours")
+	}
+	for _, bs := range []int{16, 64, 100} {
+		ha := hashing.SequenceHashes(nil, hashing.LocalHashes(nil, ta, bs, hashing.Options{}))
+		hb := hashing.SequenceHashes(nil, hashing.LocalHashes(nil, tb, bs, hashing.Options{}))
+		shared := 0
+		for shared < min(len(ha), len(hb)) && ha[shared] == hb[shared] {
+			shared++
+		}
+		if shared != 1024/bs {
+			t.Errorf("block size %d: %d shared blocks, want %d", bs, shared, 1024/bs)
+		}
+	}
+	for _, tok := range ta {
+		if tok >= Vocab {
+			t.Fatalf("token %d out of vocabulary", tok)
+		}
+	}
+}
+
+func TestSynthesize(t *testing.T) {
+	cfg := DefaultSynth()
+	cfg.Requests = 500
+	a, err := Synthesize(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := Synthesize(cfg)
+	if len(a) != 500 || !slices.EqualFunc(a, b, func(x, y Request) bool {
+		return x.Timestamp == y.Timestamp && x.InputLength == y.InputLength && slices.Equal(x.HashIDs, y.HashIDs)
+	}) {
+		t.Fatal("same seed, different workloads")
+	}
+	sysBlocks := cfg.SystemTokens / TraceBlockSize
+	firstIDs := map[uint64]int{}
+	extended := 0
+	for i, r := range a {
+		if want := (r.InputLength + TraceBlockSize - 1) / TraceBlockSize; len(r.HashIDs) != want {
+			t.Fatalf("request %d: %d ids for %d tokens", i, len(r.HashIDs), r.InputLength)
+		}
+		if i > 0 && r.Timestamp <= a[i-1].Timestamp {
+			t.Fatalf("request %d not after %d", i, i-1)
+		}
+		firstIDs[r.HashIDs[0]]++
+		// A later turn extends some earlier prompt's full blocks.
+		for j := i - 1; j >= 0; j-- {
+			p := a[j]
+			full := p.InputLength / TraceBlockSize
+			if full > sysBlocks && len(r.HashIDs) > full && slices.Equal(r.HashIDs[:full], p.HashIDs[:full]) {
+				extended++
+				break
+			}
+		}
+	}
+	if len(firstIDs) < 2 || len(firstIDs) > cfg.SystemPrompts {
+		t.Fatalf("%d distinct system prompts used", len(firstIDs))
+	}
+	if extended < 100 {
+		t.Fatalf("only %d of 500 requests extend an earlier turn", extended)
+	}
+	// Zipf popularity: the most popular system prompt dominates.
+	top := 0
+	for _, n := range firstIDs {
+		top = max(top, n)
+	}
+	if top < 500/cfg.SystemPrompts*2 {
+		t.Fatalf("no skew: top system prompt opens %d of 500", top)
+	}
+	bad := cfg
+	bad.Skew = 0.5
+	if _, err := Synthesize(bad); err == nil {
+		t.Fatal("skew 0.5 accepted")
+	}
+}
