@@ -1,0 +1,19 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"os"
+)
+
+func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
+	return errors.New("indexer: not yet built")
+}
+
+func runRouter(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
+	return errors.New("router: not yet built")
+}
+
+func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
+	return errors.New("ingest: not yet built")
+}

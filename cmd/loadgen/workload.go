@@ -1,0 +1,58 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/kvradix/kvradix/trace"
+)
+
+// workloadFlags select a trace: the embedded default, a file, or a
+// synthetic one.
+type workloadFlags struct {
+	path  string
+	synth bool
+	cfg   trace.SynthConfig
+}
+
+func (w *workloadFlags) register(fs *flag.FlagSet) {
+	d := trace.DefaultSynth()
+	fs.StringVar(&w.path, "trace", "", "Mooncake JSONL trace `file` (default: the embedded conversation trace)")
+	fs.BoolVar(&w.synth, "synth", false, "use a synthetic workload instead of a trace (see -synth-* flags)")
+	fs.Uint64Var(&w.cfg.Seed, "synth-seed", d.Seed, "synthetic workload seed")
+	fs.IntVar(&w.cfg.Requests, "synth-requests", d.Requests, "synthetic requests")
+	fs.Float64Var(&w.cfg.Rate, "synth-rate", d.Rate, "synthetic Poisson arrival rate, requests/s")
+	fs.IntVar(&w.cfg.SystemPrompts, "synth-system-prompts", d.SystemPrompts, "distinct shared system prompts")
+	fs.IntVar(&w.cfg.SystemTokens, "synth-system-tokens", d.SystemTokens, "tokens per system prompt")
+	fs.Float64Var(&w.cfg.Skew, "synth-skew", d.Skew, "Zipf exponent of system prompt popularity (> 1; 0 = uniform)")
+	fs.Float64Var(&w.cfg.NewSession, "synth-new-session", d.NewSession, "probability an arrival opens a new session")
+	fs.IntVar(&w.cfg.MaxTurns, "synth-turns", d.MaxTurns, "turns per session")
+	fs.IntVar(&w.cfg.UserTokens, "synth-user-tokens", d.UserTokens, "mean new user tokens per turn")
+	fs.IntVar(&w.cfg.OutputTokens, "synth-output-tokens", d.OutputTokens, "mean output tokens per turn")
+}
+
+// load returns the requests and a name for reports.
+func (w *workloadFlags) load() ([]trace.Request, string, error) {
+	if w.synth {
+		if w.path != "" {
+			return nil, "", fmt.Errorf("-trace and -synth are exclusive")
+		}
+		reqs, err := trace.Synthesize(w.cfg)
+		return reqs, fmt.Sprintf("synthetic (seed %d, %d requests)", w.cfg.Seed, w.cfg.Requests), err
+	}
+	if w.path == "" {
+		reqs, err := trace.ReadAll(trace.Default())
+		return reqs, trace.DefaultName, err
+	}
+	f, err := os.Open(w.path)
+	if err != nil {
+		return nil, "", err
+	}
+	defer f.Close()
+	reqs, err := trace.ReadAll(f)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", w.path, err)
+	}
+	return reqs, w.path, nil
+}

@@ -1,0 +1,302 @@
+// Package replay simulates a fleet of inference engines serving a trace on a
+// virtual clock, routed by any kvradix router, and reports what the routing
+// bought: prefix-cache reuse, time to first token, inter-token latency.
+//
+// Each mock engine models the parts of vLLM that matter to routing: a pool
+// of KV blocks with prefix caching and LRU eviction (publishing Stored and
+// Removed events through the router's sink, as a real engine does), and a
+// step scheduler with continuous batching and chunked prefill whose step
+// times come from the reference mocker's fitted model.
+package replay
+
+import (
+
+	"github.com/google/uuid"
+
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/router"
+)
+
+// EngineConfig sizes one mock engine.
+type EngineConfig struct {
+	Blocks           int // KV blocks in the pool
+	BlockSize        int // tokens per block
+	MaxBatchedTokens int // tokens per step (max_num_batched_tokens)
+	MaxNumSeqs       int // running requests (max_num_seqs)
+}
+
+// PrefillMs is the reference mocker's fitted prefill step time for n new
+// tokens in a step.
+func PrefillMs(n int) float64 {
+	x := float64(n)
+	return 4.209989e-7*x*x + 1.518344e-2*x + 16.50142
+}
+
+// DecodeMs is the reference mocker's fitted decode step time when a share p
+// of the KV pool's tokens is active; at least 1 ms.
+func DecodeMs(p float64) float64 {
+	return max(1, -25.74*p*p+54.01*p+5.74)
+}
+
+// cblock is a registered (prefix-cached) block.
+type cblock struct {
+	hash       uint64
+	ref        int
+	prev, next *cblock // free-list links while ref == 0
+}
+
+// request is a request's state inside an engine.
+type request struct {
+	id       uuid.UUID
+	index    int // in the trace
+	arrival  float64
+	isl, osl int
+	local    []uint64 // tokens hashes of the complete prompt blocks
+	seq      []uint64 // their sequence hashes: the engine's block hashes
+	blocks   []*cblock
+	private  int // blocks held outside the prefix cache
+	hits     int // prompt blocks found cached at admission
+	computed int // prompt tokens computed (cached ones included)
+	chunk    int // prompt tokens computed in the current step
+	tokens   int // output tokens generated
+	first    float64
+	last     float64
+}
+
+// engine is one mock vLLM engine. It is driven by the simulation loop on
+// one goroutine.
+type engine struct {
+	id       int
+	cfg      EngineConfig
+	sink     router.EventSink
+	sinkErrs int
+
+	unallocated int
+	cache       map[uint64]*cblock
+	lru         cblock // sentinel of the free list; lru.next is the oldest
+	lruLen      int
+	waiting     []*request
+	running     []*request
+	busy        bool
+	eventID     uint64
+	evicted     []uint64
+}
+
+func newEngine(id int, cfg EngineConfig, sink router.EventSink) *engine {
+	e := &engine{id: id, cfg: cfg, sink: sink, unallocated: cfg.Blocks, cache: map[uint64]*cblock{}}
+	e.lru.prev, e.lru.next = &e.lru, &e.lru
+	return e
+}
+
+func (e *engine) pushFree(b *cblock) {
+	b.prev, b.next = e.lru.prev, &e.lru
+	e.lru.prev.next = b
+	e.lru.prev = b
+	e.lruLen++
+}
+
+func (e *engine) unlinkFree(b *cblock) {
+	b.prev.next, b.next.prev = b.next, b.prev
+	b.prev, b.next = nil, nil
+	e.lruLen--
+}
+
+// blocksFor is the pool blocks a request occupies at its longest.
+func (e *engine) blocksFor(isl, osl int) int {
+	return (isl + max(osl, 1) + e.cfg.BlockSize - 1) / e.cfg.BlockSize
+}
+
+func (e *engine) publish(data kvevent.Data) {
+	e.eventID++
+	if err := e.sink.Publish(kvevent.Event{ID: e.eventID, Data: data}); err != nil {
+		e.sinkErrs++
+	}
+}
+
+// cachedPrefix is how many leading prompt blocks are cached, leaving at
+// least one prompt token to compute (as vLLM recomputes the last token).
+func (e *engine) cachedPrefix(r *request) int {
+	n := 0
+	for n < len(r.seq) && e.cache[r.seq[n]] != nil {
+		n++
+	}
+	return min(n, (r.isl-1)/e.cfg.BlockSize)
+}
+
+// admit tries to give the request its blocks: cached prefix blocks are
+// referenced, the rest allocated, evicting least recently used free blocks.
+func (e *engine) admit(r *request) bool {
+	hits := e.cachedPrefix(r)
+	need := e.blocksFor(r.isl, r.osl) - hits
+	inFree := 0
+	for _, h := range r.seq[:hits] {
+		if e.cache[h].ref == 0 {
+			inFree++
+		}
+	}
+	if need > e.unallocated+e.lruLen-inFree {
+		return false
+	}
+	r.blocks = make([]*cblock, len(r.seq))
+	for j, h := range r.seq[:hits] {
+		b := e.cache[h]
+		if b.ref == 0 {
+			e.unlinkFree(b)
+		}
+		b.ref++
+		r.blocks[j] = b
+	}
+	for range need {
+		if e.unallocated > 0 {
+			e.unallocated--
+			continue
+		}
+		b := e.lru.next
+		e.unlinkFree(b)
+		delete(e.cache, b.hash)
+		e.evicted = append(e.evicted, b.hash)
+	}
+	if len(e.evicted) > 0 {
+		e.publish(kvevent.Removed{BlockHashes: e.evicted})
+		e.evicted = nil
+	}
+	r.private = need
+	r.hits = hits
+	r.computed = hits * e.cfg.BlockSize
+	return true
+}
+
+// computed records that the prompt's blocks up to r.computed are full and
+// computed: each is registered in the prefix cache (with a Stored event),
+// or, if another request registered the same block meanwhile, adopted.
+func (e *engine) registerComputed(r *request, from int) {
+	upto := min(r.computed/e.cfg.BlockSize, len(r.seq))
+	var stored kvevent.Stored
+	for j := from; j < upto; j++ {
+		if r.blocks[j] != nil {
+			continue
+		}
+		h := r.seq[j]
+		if b := e.cache[h]; b != nil {
+			if b.ref == 0 {
+				e.unlinkFree(b)
+			}
+			b.ref++
+			r.blocks[j] = b
+			r.private--
+			e.unallocated++
+			continue
+		}
+		b := &cblock{hash: h, ref: 1}
+		e.cache[h] = b
+		r.blocks[j] = b
+		r.private--
+		if len(stored.Blocks) == 0 {
+			stored.HasParent = j > 0
+			if j > 0 {
+				stored.ParentHash = r.seq[j-1]
+			}
+		}
+		stored.Blocks = append(stored.Blocks, kvevent.StoredBlock{BlockHash: h, TokensHash: r.local[j]})
+	}
+	if len(stored.Blocks) > 0 {
+		e.publish(stored)
+	}
+}
+
+// release frees a finished request's blocks; its last blocks go to the
+// free list first, so they are evicted before its prefix.
+func (e *engine) release(r *request) {
+	for j := len(r.blocks) - 1; j >= 0; j-- {
+		if b := r.blocks[j]; b != nil {
+			if b.ref--; b.ref == 0 {
+				e.pushFree(b)
+			}
+		}
+	}
+	e.unallocated += r.private
+	r.blocks = nil
+}
+
+// step composes the next batch: running decodes take a token each, running
+// prefills a chunk, then waiting requests are admitted in FIFO order while
+// tokens, sequences and blocks last. It returns the step's duration in ms,
+// or false when there is nothing to run.
+func (e *engine) step() (float64, bool) {
+	budget := e.cfg.MaxBatchedTokens
+	prefill := 0
+	for _, r := range e.running {
+		r.chunk = 0
+		if r.computed >= r.isl {
+			budget--
+		}
+	}
+	for _, r := range e.running {
+		if r.computed < r.isl && budget > 0 {
+			r.chunk = min(r.isl-r.computed, budget)
+			budget -= r.chunk
+			prefill += r.chunk
+		}
+	}
+	for len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
+		r := e.waiting[0]
+		if !e.admit(r) {
+			break
+		}
+		e.waiting = e.waiting[1:]
+		e.running = append(e.running, r)
+		r.chunk = min(r.isl-r.computed, budget)
+		budget -= r.chunk
+		prefill += r.chunk
+	}
+	if len(e.running) == 0 {
+		return 0, false
+	}
+	if prefill > 0 {
+		return PrefillMs(prefill), true
+	}
+	active := 0
+	for _, r := range e.running {
+		active += r.computed + r.tokens
+	}
+	return DecodeMs(float64(active) / float64(e.cfg.Blocks*e.cfg.BlockSize)), true
+}
+
+// observer hears what a step produced.
+type observer interface {
+	firstToken(r *request)
+	token(gap float64) // an inter-token gap, ms
+	done(r *request)
+}
+
+// finishStep applies the step that ends at now: prefill chunks complete
+// (publishing their blocks; a finished prefill emits the first token),
+// decodes emit a token each.
+func (e *engine) finishStep(now float64, obs observer) {
+	keep := e.running[:0]
+	for _, r := range e.running {
+		switch {
+		case r.chunk > 0:
+			from := r.computed / e.cfg.BlockSize
+			r.computed += r.chunk
+			e.registerComputed(r, from)
+			if r.computed >= r.isl {
+				r.tokens, r.first, r.last = 1, now, now
+				obs.firstToken(r)
+			}
+		case r.computed >= r.isl:
+			r.tokens++
+			obs.token(now - r.last)
+			r.last = now
+		}
+		if r.computed >= r.isl && r.tokens >= max(r.osl, 1) {
+			e.release(r)
+			obs.done(r)
+			continue
+		}
+		keep = append(keep, r)
+	}
+	clear(e.running[len(keep):])
+	e.running = keep
+}
+

@@ -1,0 +1,199 @@
+package replay
+
+import (
+	"math"
+	"reflect"
+	"testing"
+
+	"github.com/kvradix/kvradix/trace"
+)
+
+func near(t *testing.T, what string, got, want float64) {
+	t.Helper()
+	if math.Abs(got-want) > 1e-9*max(1, math.Abs(want)) {
+		t.Errorf("%s = %.12g, want %.12g", what, got, want)
+	}
+}
+
+func small() Config {
+	c := DefaultConfig()
+	c.Workers, c.Blocks, c.BlockSize = 1, 100, 64
+	return c
+}
+
+func run(t *testing.T, reqs []trace.Request, name string, cfg Config) Result {
+	t.Helper()
+	res, err := Run(reqs, name, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestStepModel(t *testing.T) {
+	near(t, "PrefillMs(0)", PrefillMs(0), 16.50142)
+	near(t, "PrefillMs(1000)", PrefillMs(1000), 0.4209989+15.18344+16.50142)
+	near(t, "DecodeMs(0)", DecodeMs(0), 5.74)
+	near(t, "DecodeMs(1)", DecodeMs(1), -25.74+54.01+5.74)
+	near(t, "DecodeMs(3) floor", DecodeMs(3), 1)
+}
+
+// One request on one engine, by hand: a 128-token prompt is one prefill
+// step of PrefillMs(128) = 18.4517979659776 ms, producing the first token;
+// two decode steps at p = 129/6400 and 130/6400 take 6.818181559082031 and
+// 6.826457861328125 ms.
+func TestOneRequestByHand(t *testing.T) {
+	res := run(t, []trace.Request{{InputLength: 128, OutputLength: 3, HashIDs: []uint64{1}}}, RoundRobin, small())
+	near(t, "ttft", res.TTFT.Mean, 18.4517979659776)
+	near(t, "e2e", res.E2E.Mean, 32.096437386387755)
+	near(t, "tpot", res.TPOT.Mean, 6.822319710205078)
+	near(t, "itl p99", res.ITL.P99, 6.826457861328125)
+	near(t, "itl p50", res.ITL.P50, 6.818181559082031)
+	if res.Completed != 1 || res.OutputTokens != 3 || res.ReuseRatio != 0 || res.PromptTokens != 128 {
+		t.Fatalf("%+v", res)
+	}
+	near(t, "throughput", res.ThroughputTPS, 3/(32.096437386387755/1000))
+}
+
+// Chunked prefill: 1024 prompt tokens at 256 tokens a step take four steps.
+func TestChunkedPrefill(t *testing.T) {
+	cfg := small()
+	cfg.MaxBatchedTokens = 256
+	res := run(t, []trace.Request{{InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}}}, RoundRobin, cfg)
+	near(t, "ttft", res.TTFT.Mean, 81.6638848956416)
+	if res.TPOT != (Dist{}) || res.ITL != (Dist{}) {
+		t.Fatalf("one output token has no TPOT or ITL: %+v", res)
+	}
+}
+
+// Prefix reuse: B shares A's first trace block (512 tokens = 8 blocks of
+// 64) and arrives after A finished: 512 of B's 1024 tokens are cached,
+// so reuse is 512/2048.
+func TestPrefixReuse(t *testing.T) {
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: 1024, OutputLength: 2, HashIDs: []uint64{1, 2}},
+		{Timestamp: 10_000, InputLength: 1024, OutputLength: 2, HashIDs: []uint64{1, 3}},
+	}
+	res := run(t, reqs, RoundRobin, small())
+	if res.CachedTokens != 512 || res.PromptTokens != 2048 || res.ReuseRatio != 0.25 {
+		t.Fatalf("%+v", res)
+	}
+	// B prefills only its 512 uncached tokens.
+	near(t, "ttft mean", res.TTFT.Mean, (PrefillMs(1024)+PrefillMs(512))/2)
+}
+
+// A fully cached prompt still computes its last token, as vLLM does.
+func TestFullyCachedPromptRecomputesOne(t *testing.T) {
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: 512, OutputLength: 1, HashIDs: []uint64{1}},
+		{Timestamp: 10_000, InputLength: 512, OutputLength: 1, HashIDs: []uint64{1}},
+	}
+	res := run(t, reqs, RoundRobin, small())
+	if res.CachedTokens != 448 {
+		t.Fatalf("cached %d, want 7 blocks = 448", res.CachedTokens)
+	}
+}
+
+// Routing: A, B and C share their first trace block and arrive one after
+// another on two idle workers. Round robin puts B on the other worker (no
+// reuse) and C back with A (512 cached); KV routing keeps all three on one
+// worker (512 + 512 cached).
+func TestKVRoutingBuysReuse(t *testing.T) {
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: 1024, OutputLength: 2, HashIDs: []uint64{1, 2}},
+		{Timestamp: 10_000, InputLength: 1024, OutputLength: 2, HashIDs: []uint64{1, 3}},
+		{Timestamp: 20_000, InputLength: 1024, OutputLength: 2, HashIDs: []uint64{1, 4}},
+	}
+	cfg := small()
+	cfg.Workers = 2
+	rr := run(t, reqs, RoundRobin, cfg)
+	kv := run(t, reqs, KV, cfg)
+	if rr.CachedTokens != 512 || kv.CachedTokens != 1024 {
+		t.Fatalf("cached: round robin %d (want 512), kv %d (want 1024)", rr.CachedTokens, kv.CachedTokens)
+	}
+	if kv.Load.Max != 3 || rr.Load != (Spread{Min: 1, Max: 2, Mean: 1.5, CV: 1.0 / 3}) {
+		t.Fatalf("load: kv %+v, rr %+v", kv.Load, rr.Load)
+	}
+	if kv.TTFT.Mean >= rr.TTFT.Mean {
+		t.Fatalf("kv ttft %v not below round robin's %v", kv.TTFT.Mean, rr.TTFT.Mean)
+	}
+}
+
+// Eviction: a 20-block pool. A (16 prompt blocks + 1 for its output) is
+// done and its 16 cached blocks are free; B needs 17 blocks: 4 never used,
+// then the 13 least recently used, A's tail first. C repeats A and finds
+// only A's first 3 blocks. The KV index follows every event.
+func TestEvictionByHand(t *testing.T) {
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+		{Timestamp: 10_000, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{5, 6}},
+		{Timestamp: 20_000, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+	}
+	cfg := small()
+	cfg.Blocks = 20
+	for _, name := range []string{RoundRobin, KV} {
+		res := run(t, reqs, name, cfg)
+		if res.CachedTokens != 3*64 || res.RejectedEvents != 0 || res.UnpublishedEvts != 0 {
+			t.Fatalf("%s: %+v", name, res)
+		}
+	}
+}
+
+func TestTooLargeIsRejectedAndCounted(t *testing.T) {
+	cfg := small()
+	cfg.Blocks = 4
+	res := run(t, []trace.Request{
+		{InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+		{InputLength: 100, OutputLength: 1, HashIDs: []uint64{3}},
+	}, RoundRobin, cfg)
+	if res.Rejected != 1 || res.Completed != 1 || res.Requests != 2 {
+		t.Fatalf("%+v", res)
+	}
+}
+
+func TestDeterministic(t *testing.T) {
+	sc := trace.DefaultSynth()
+	sc.Requests, sc.Rate = 400, 50
+	reqs, err := trace.Synthesize(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Workers, cfg.Blocks, cfg.Seed = 4, 2048, 7
+	for _, name := range Routers {
+		a, b := run(t, reqs, name, cfg), run(t, reqs, name, cfg)
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("%s: two runs differ:\n%+v\n%+v", name, a, b)
+		}
+		if a.Completed != 400 || a.RejectedEvents != 0 {
+			t.Fatalf("%s: %+v", name, a)
+		}
+	}
+}
+
+func TestConfigAndRouterErrors(t *testing.T) {
+	bad := small()
+	bad.Speedup = 0
+	if _, err := Run(nil, KV, bad); err == nil {
+		t.Error("speedup 0 accepted")
+	}
+	if _, err := Run(nil, "best", small()); err == nil {
+		t.Error("unknown router accepted")
+	}
+	if _, err := ParseRouters("kv,nope"); err == nil {
+		t.Error("ParseRouters accepted nope")
+	}
+	if got, err := ParseRouters("kv, random"); err != nil || !reflect.DeepEqual(got, []string{KV, Random}) {
+		t.Errorf("ParseRouters: %v %v", got, err)
+	}
+}
+
+func TestSummarise(t *testing.T) {
+	d := Summarise([]float64{5, 1, 4, 2, 3, 6, 7, 8, 9, 10})
+	if d != (Dist{Mean: 5.5, P50: 5, P90: 9, P99: 10}) {
+		t.Fatalf("%+v", d)
+	}
+	if Summarise(nil) != (Dist{}) {
+		t.Fatal("empty")
+	}
+}

@@ -1,0 +1,373 @@
+package replay
+
+import (
+	"container/heap"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/kvradix/kvradix/hashing"
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/router"
+	"github.com/kvradix/kvradix/trace"
+)
+
+// Router names accepted by Run.
+const (
+	RoundRobin = "round_robin"
+	Random     = "random"
+	KV         = "kv"
+	KVTemp     = "kv_temp" // KV routing with Config.Temperature
+)
+
+// Routers lists every router name.
+var Routers = []string{RoundRobin, Random, KV, KVTemp}
+
+// Config configures a replay.
+type Config struct {
+	Workers          int     // engines (16)
+	Blocks           int     // KV blocks per engine (16384)
+	BlockSize        int     // tokens per block (64)
+	MaxBatchedTokens int     // per step (8192)
+	MaxNumSeqs       int     // per engine (256)
+	Speedup          float64 // arrival times are divided by it (1)
+	Seed             uint64  // tie-breaks, sampling, the random router
+	Temperature      float64 // of kv_temp (0.1)
+	IndexerLanes     int     // of the KV router's indexer (2)
+}
+
+// DefaultConfig returns the defaults named on each field.
+func DefaultConfig() Config {
+	return Config{Workers: 16, Blocks: 16384, BlockSize: 64, MaxBatchedTokens: 8192, MaxNumSeqs: 256, Speedup: 1, Temperature: 0.1, IndexerLanes: 2}
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	switch {
+	case c.Workers < 1:
+		return fmt.Errorf("replay: workers %d, want >= 1", c.Workers)
+	case c.Blocks < 1:
+		return fmt.Errorf("replay: blocks %d, want >= 1", c.Blocks)
+	case c.BlockSize < 1:
+		return fmt.Errorf("replay: block size %d, want >= 1", c.BlockSize)
+	case c.MaxBatchedTokens < 1:
+		return fmt.Errorf("replay: max batched tokens %d, want >= 1", c.MaxBatchedTokens)
+	case c.MaxNumSeqs < 1:
+		return fmt.Errorf("replay: max num seqs %d, want >= 1", c.MaxNumSeqs)
+	case !(c.Speedup > 0):
+		return fmt.Errorf("replay: speedup %v, want > 0", c.Speedup)
+	case c.Temperature < 0:
+		return fmt.Errorf("replay: temperature %v, want >= 0", c.Temperature)
+	case c.IndexerLanes < 1:
+		return fmt.Errorf("replay: indexer lanes %d, want >= 1", c.IndexerLanes)
+	}
+	return nil
+}
+
+// ParseRouters splits a comma-separated list of router names.
+func ParseRouters(s string) ([]string, error) {
+	var out []string
+	for _, name := range strings.Split(s, ",") {
+		name = strings.TrimSpace(name)
+		if !slices.Contains(Routers, name) {
+			return nil, fmt.Errorf("unknown router %q (want %s)", name, strings.Join(Routers, ", "))
+		}
+		out = append(out, name)
+	}
+	return out, nil
+}
+
+// Dist summarises a latency distribution, in ms.
+type Dist struct {
+	Mean float64 `json:"mean"`
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+}
+
+// Summarise returns the mean and nearest-rank percentiles of xs (sorted in
+// place); zero for no samples.
+func Summarise(xs []float64) Dist {
+	if len(xs) == 0 {
+		return Dist{}
+	}
+	slices.Sort(xs)
+	sum := 0.0
+	for _, x := range xs {
+		sum += x
+	}
+	pct := func(p float64) float64 {
+		i := int(p*float64(len(xs))+0.999999999) - 1 // nearest rank
+		return xs[min(max(i, 0), len(xs)-1)]
+	}
+	return Dist{Mean: sum / float64(len(xs)), P50: pct(0.50), P90: pct(0.90), P99: pct(0.99)}
+}
+
+// Spread describes how requests spread over the workers.
+type Spread struct {
+	Min  int     `json:"min"`
+	Max  int     `json:"max"`
+	Mean float64 `json:"mean"`
+	CV   float64 `json:"cv"` // coefficient of variation
+}
+
+// Result is one router's replay.
+type Result struct {
+	Router          string  `json:"router"`
+	Requests        int     `json:"requests"`
+	Completed       int     `json:"completed"`
+	Rejected        int     `json:"rejected"` // larger than an engine's whole pool
+	ReuseRatio      float64 `json:"reuse_ratio"`
+	PromptTokens    int64   `json:"prompt_tokens"`
+	CachedTokens    int64   `json:"cached_tokens"`
+	OutputTokens    int64   `json:"output_tokens"`
+	TTFT            Dist    `json:"ttft_ms"`
+	TPOT            Dist    `json:"tpot_ms"`
+	ITL             Dist    `json:"itl_ms"`
+	E2E             Dist    `json:"e2e_ms"`
+	ThroughputRPS   float64 `json:"throughput_rps"`
+	ThroughputTPS   float64 `json:"throughput_tps"` // output tokens per second
+	MakespanMs      float64 `json:"makespan_ms"`
+	Load            Spread  `json:"load"`
+	RejectedEvents  uint64  `json:"rejected_events"` // by the KV indexer
+	UnpublishedEvts int     `json:"unpublished_events"`
+}
+
+// policy is a router under test, as the simulation drives it.
+type policy struct {
+	r   *router.Router
+	rng *rand.Rand // the random router
+}
+
+func newPolicy(name string, cfg Config) (*policy, error) {
+	rc := router.DefaultConfig()
+	rc.BlockSize, rc.Seed, rc.IndexerLanes, rc.MaxBatchedTokens = cfg.BlockSize, cfg.Seed, cfg.IndexerLanes, cfg.MaxBatchedTokens
+	mode := router.RoundRobin
+	p := &policy{}
+	switch name {
+	case RoundRobin:
+	case Random:
+		p.rng = rand.New(rand.NewPCG(cfg.Seed, 0x72616e646f6d))
+	case KV:
+		mode = router.KV
+	case KVTemp:
+		mode, rc.Temperature = router.KV, cfg.Temperature
+	default:
+		return nil, fmt.Errorf("replay: unknown router %q", name)
+	}
+	r, err := router.New(mode, rc, cfg.Workers)
+	if err != nil {
+		return nil, err
+	}
+	p.r = r
+	return p, nil
+}
+
+func (p *policy) selectWorker(req router.Request) (int, error) {
+	if p.rng != nil {
+		return p.rng.IntN(p.r.Workers()), nil
+	}
+	// Apply every event published so far, so decisions do not depend on
+	// goroutine timing: the replay is deterministic.
+	if err := p.r.Flush(); err != nil {
+		return 0, err
+	}
+	return p.r.SelectWorker(context.Background(), req)
+}
+
+// sim is one replay on the virtual clock.
+type sim struct {
+	cfg     Config
+	pol     *policy
+	engines []*engine
+	reqs    []*request
+	events  eventHeap
+	seq     uint64
+	now     float64
+	perW    []int
+
+	ttft, tpot, itl, e2e []float64
+	completed            int
+	prompt, cached, out  int64
+	err                  error
+}
+
+type simEvent struct {
+	t    float64
+	seq  uint64 // ties in time break by insertion order
+	kind uint8  // evArrival or evStepEnd
+	idx  int    // request (arrival) or engine (step end)
+}
+
+const (
+	evArrival uint8 = iota
+	evStepEnd
+)
+
+type eventHeap []simEvent
+
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(i, j int) bool {
+	if h[i].t != h[j].t {
+		return h[i].t < h[j].t
+	}
+	return h[i].seq < h[j].seq
+}
+func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(simEvent)) }
+func (h *eventHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+func (s *sim) push(t float64, kind uint8, idx int) {
+	s.seq++
+	heap.Push(&s.events, simEvent{t: t, seq: s.seq, kind: kind, idx: idx})
+}
+
+// Run replays reqs on a fresh fleet routed by the named router.
+func Run(reqs []trace.Request, routerName string, cfg Config) (Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return Result{}, err
+	}
+	pol, err := newPolicy(routerName, cfg)
+	if err != nil {
+		return Result{}, err
+	}
+	defer pol.r.Shutdown()
+	s := &sim{cfg: cfg, pol: pol, perW: make([]int, cfg.Workers)}
+	ec := EngineConfig{Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, MaxBatchedTokens: cfg.MaxBatchedTokens, MaxNumSeqs: cfg.MaxNumSeqs}
+	for i := range cfg.Workers {
+		s.engines = append(s.engines, newEngine(i, ec, pol.r.Sink(kvevent.WorkerID(i))))
+	}
+	s.reqs = make([]*request, len(reqs))
+	for i, tr := range reqs {
+		s.push(tr.Timestamp/cfg.Speedup, evArrival, i)
+	}
+	res := Result{Router: routerName, Requests: len(reqs)}
+	var tokens []uint32
+	for s.events.Len() > 0 && s.err == nil {
+		ev := heap.Pop(&s.events).(simEvent)
+		s.now = ev.t
+		switch ev.kind {
+		case evArrival:
+			tokens = s.arrive(ev.idx, reqs[ev.idx], tokens[:0], &res)
+		case evStepEnd:
+			e := s.engines[ev.idx]
+			e.finishStep(s.now, s)
+			s.startStep(e)
+		}
+	}
+	if s.err != nil {
+		return res, s.err
+	}
+	for _, e := range s.engines {
+		res.UnpublishedEvts += e.sinkErrs
+	}
+	if ix := pol.r.Indexer(); ix != nil {
+		if err := pol.r.Flush(); err != nil {
+			return res, err
+		}
+		res.RejectedEvents = ix.Stats().Rejected()
+	}
+	s.report(&res)
+	return res, nil
+}
+
+func (s *sim) arrive(i int, tr trace.Request, tokens []uint32, res *Result) []uint32 {
+	var id uuid.UUID
+	binary.BigEndian.PutUint64(id[8:], uint64(i)+1)
+	tokens = trace.Tokens(tokens, tr)
+	local := hashing.LocalHashes(nil, tokens, s.cfg.BlockSize, hashing.Options{})
+	r := &request{id: id, index: i, arrival: s.now, isl: tr.InputLength, osl: tr.OutputLength, local: local, seq: hashing.SequenceHashes(nil, local)}
+	s.reqs[i] = r
+	e0 := s.engines[0]
+	if e0.blocksFor(r.isl, r.osl) > s.cfg.Blocks {
+		res.Rejected++
+		return tokens
+	}
+	w, err := s.pol.selectWorker(router.Request{UUID: id, Tokens: tokens, MaxOutputTokens: tr.OutputLength})
+	if err != nil {
+		s.err = fmt.Errorf("request %d: %w", i, err)
+		return tokens
+	}
+	s.perW[w]++
+	e := s.engines[w]
+	e.waiting = append(e.waiting, r)
+	if !e.busy {
+		s.startStep(e)
+	}
+	return tokens
+}
+
+func (s *sim) startStep(e *engine) {
+	d, ok := e.step()
+	e.busy = ok
+	if ok {
+		s.push(s.now+d, evStepEnd, e.id)
+	}
+}
+
+func (s *sim) firstToken(r *request) {
+	s.ttft = append(s.ttft, r.first-r.arrival)
+	s.prompt += int64(r.isl)
+	s.cached += int64(r.hits * s.cfg.BlockSize)
+	if _, err := s.pol.r.OnFirstToken(r.id); err != nil && s.err == nil {
+		s.err = err
+	}
+}
+
+func (s *sim) token(gap float64) { s.itl = append(s.itl, gap) }
+
+func (s *sim) done(r *request) {
+	s.completed++
+	s.out += int64(r.tokens)
+	s.e2e = append(s.e2e, r.last-r.arrival)
+	if r.tokens > 1 {
+		s.tpot = append(s.tpot, (r.last-r.first)/float64(r.tokens-1))
+	}
+	if _, err := s.pol.r.OnComplete(r.id); err != nil && s.err == nil {
+		s.err = err
+	}
+}
+
+func (s *sim) report(res *Result) {
+	res.Completed = s.completed
+	res.PromptTokens, res.CachedTokens, res.OutputTokens = s.prompt, s.cached, s.out
+	if s.prompt > 0 {
+		res.ReuseRatio = float64(s.cached) / float64(s.prompt)
+	}
+	res.TTFT, res.TPOT, res.ITL, res.E2E = Summarise(s.ttft), Summarise(s.tpot), Summarise(s.itl), Summarise(s.e2e)
+	res.MakespanMs = s.now
+	if s.now > 0 {
+		res.ThroughputRPS = float64(s.completed) / (s.now / 1000)
+		res.ThroughputTPS = float64(s.out) / (s.now / 1000)
+	}
+	res.Load = spread(s.perW)
+}
+
+func spread(xs []int) Spread {
+	sp := Spread{Min: slices.Min(xs), Max: slices.Max(xs)}
+	sum := 0.0
+	for _, x := range xs {
+		sum += float64(x)
+	}
+	sp.Mean = sum / float64(len(xs))
+	if sp.Mean > 0 {
+		v := 0.0
+		for _, x := range xs {
+			d := float64(x) - sp.Mean
+			v += d * d
+		}
+		sp.CV = math.Sqrt(v/float64(len(xs))) / sp.Mean
+	}
+	return sp
+}
