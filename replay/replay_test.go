@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/trace"
 )
 
@@ -195,5 +196,41 @@ func TestSummarise(t *testing.T) {
 	}
 	if Summarise(nil) != (Dist{}) {
 		t.Fatal("empty")
+	}
+}
+
+// The workload of two requests sharing a trace block on one worker: A's
+// match, A's blocks stored as its prefill completes, B's match, B's new
+// blocks stored under A's first 8.
+func TestWorkload(t *testing.T) {
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+		{Timestamp: 10_000, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 3}},
+	}
+	ops, err := Workload(reqs, small())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ops) != 4 {
+		t.Fatalf("%d ops: %+v", len(ops), ops)
+	}
+	if ops[0].Match == nil || len(ops[0].Match) != 16 || ops[0].T != 0 || ops[0].Blocks() != 16 {
+		t.Fatalf("op 0 %+v", ops[0])
+	}
+	st, ok := ops[1].Event.Data.(kvevent.Stored)
+	if !ok || len(st.Blocks) != 16 || st.HasParent || ops[1].T != PrefillMs(1024) {
+		t.Fatalf("op 1 %+v", ops[1])
+	}
+	if ops[2].Match == nil || ops[2].T != 10_000 {
+		t.Fatalf("op 2 %+v", ops[2])
+	}
+	st2, ok := ops[3].Event.Data.(kvevent.Stored)
+	if !ok || len(st2.Blocks) != 8 || !st2.HasParent || st2.ParentHash != st.Blocks[7].BlockHash || ops[3].Blocks() != 8 {
+		t.Fatalf("op 3 %+v", ops[3])
+	}
+	for i := 1; i < len(ops); i++ {
+		if ops[i].T < ops[i-1].T {
+			t.Fatal("ops out of time order")
+		}
 	}
 }

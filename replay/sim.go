@@ -139,17 +139,27 @@ type Result struct {
 	UnpublishedEvts int     `json:"unpublished_events"`
 }
 
-// policy is a router under test, as the simulation drives it.
-type policy struct {
+// policy is what the simulation asks where requests go and where engines
+// publish: a router under test, or a recorder of the workload.
+type policy interface {
+	// choose returns the worker of request i.
+	choose(i int, req router.Request, local []uint64) (int, error)
+	sink(w int) router.EventSink
+	firstToken(id uuid.UUID) error
+	complete(id uuid.UUID) error
+}
+
+// routerPolicy drives a kvradix router (or picks at random).
+type routerPolicy struct {
 	r   *router.Router
 	rng *rand.Rand // the random router
 }
 
-func newPolicy(name string, cfg Config) (*policy, error) {
+func newRouterPolicy(name string, cfg Config) (*routerPolicy, error) {
 	rc := router.DefaultConfig()
 	rc.BlockSize, rc.Seed, rc.IndexerLanes, rc.MaxBatchedTokens = cfg.BlockSize, cfg.Seed, cfg.IndexerLanes, cfg.MaxBatchedTokens
 	mode := router.RoundRobin
-	p := &policy{}
+	p := &routerPolicy{}
 	switch name {
 	case RoundRobin:
 	case Random:
@@ -169,7 +179,7 @@ func newPolicy(name string, cfg Config) (*policy, error) {
 	return p, nil
 }
 
-func (p *policy) selectWorker(req router.Request) (int, error) {
+func (p *routerPolicy) choose(_ int, req router.Request, _ []uint64) (int, error) {
 	if p.rng != nil {
 		return p.rng.IntN(p.r.Workers()), nil
 	}
@@ -181,10 +191,22 @@ func (p *policy) selectWorker(req router.Request) (int, error) {
 	return p.r.SelectWorker(context.Background(), req)
 }
 
+func (p *routerPolicy) sink(w int) router.EventSink { return p.r.Sink(kvevent.WorkerID(w)) }
+
+func (p *routerPolicy) firstToken(id uuid.UUID) error {
+	_, err := p.r.OnFirstToken(id)
+	return err
+}
+
+func (p *routerPolicy) complete(id uuid.UUID) error {
+	_, err := p.r.OnComplete(id)
+	return err
+}
+
 // sim is one replay on the virtual clock.
 type sim struct {
 	cfg     Config
-	pol     *policy
+	pol     policy
 	engines []*engine
 	reqs    []*request
 	events  eventHeap
@@ -238,39 +260,15 @@ func Run(reqs []trace.Request, routerName string, cfg Config) (Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return Result{}, err
 	}
-	pol, err := newPolicy(routerName, cfg)
+	pol, err := newRouterPolicy(routerName, cfg)
 	if err != nil {
 		return Result{}, err
 	}
 	defer pol.r.Shutdown()
-	s := &sim{cfg: cfg, pol: pol, perW: make([]int, cfg.Workers)}
-	ec := EngineConfig{Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, MaxBatchedTokens: cfg.MaxBatchedTokens, MaxNumSeqs: cfg.MaxNumSeqs}
-	for i := range cfg.Workers {
-		s.engines = append(s.engines, newEngine(i, ec, pol.r.Sink(kvevent.WorkerID(i))))
-	}
-	s.reqs = make([]*request, len(reqs))
-	for i, tr := range reqs {
-		s.push(tr.Timestamp/cfg.Speedup, evArrival, i)
-	}
 	res := Result{Router: routerName, Requests: len(reqs)}
-	var tokens []uint32
-	for s.events.Len() > 0 && s.err == nil {
-		ev := heap.Pop(&s.events).(simEvent)
-		s.now = ev.t
-		switch ev.kind {
-		case evArrival:
-			tokens = s.arrive(ev.idx, reqs[ev.idx], tokens[:0], &res)
-		case evStepEnd:
-			e := s.engines[ev.idx]
-			e.finishStep(s.now, s)
-			s.startStep(e)
-		}
-	}
-	if s.err != nil {
-		return res, s.err
-	}
-	for _, e := range s.engines {
-		res.UnpublishedEvts += e.sinkErrs
+	s, err := simulate(reqs, cfg, pol, &res)
+	if err != nil {
+		return res, err
 	}
 	if ix := pol.r.Indexer(); ix != nil {
 		if err := pol.r.Flush(); err != nil {
@@ -280,6 +278,39 @@ func Run(reqs []trace.Request, routerName string, cfg Config) (Result, error) {
 	}
 	s.report(&res)
 	return res, nil
+}
+
+// simulate runs the event loop to the end.
+func simulate(reqs []trace.Request, cfg Config, pol policy, res *Result) (*sim, error) {
+	s := &sim{cfg: cfg, pol: pol, perW: make([]int, cfg.Workers)}
+	if c, ok := pol.(interface{ setClock(*float64) }); ok {
+		c.setClock(&s.now)
+	}
+	ec := EngineConfig{Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, MaxBatchedTokens: cfg.MaxBatchedTokens, MaxNumSeqs: cfg.MaxNumSeqs}
+	for i := range cfg.Workers {
+		s.engines = append(s.engines, newEngine(i, ec, pol.sink(i)))
+	}
+	s.reqs = make([]*request, len(reqs))
+	for i, tr := range reqs {
+		s.push(tr.Timestamp/cfg.Speedup, evArrival, i)
+	}
+	var tokens []uint32
+	for s.events.Len() > 0 && s.err == nil {
+		ev := heap.Pop(&s.events).(simEvent)
+		s.now = ev.t
+		switch ev.kind {
+		case evArrival:
+			tokens = s.arrive(ev.idx, reqs[ev.idx], tokens[:0], res)
+		case evStepEnd:
+			e := s.engines[ev.idx]
+			e.finishStep(s.now, s)
+			s.startStep(e)
+		}
+	}
+	for _, e := range s.engines {
+		res.UnpublishedEvts += e.sinkErrs
+	}
+	return s, s.err
 }
 
 func (s *sim) arrive(i int, tr trace.Request, tokens []uint32, res *Result) []uint32 {
@@ -294,7 +325,7 @@ func (s *sim) arrive(i int, tr trace.Request, tokens []uint32, res *Result) []ui
 		res.Rejected++
 		return tokens
 	}
-	w, err := s.pol.selectWorker(router.Request{UUID: id, Tokens: tokens, MaxOutputTokens: tr.OutputLength})
+	w, err := s.pol.choose(i, router.Request{UUID: id, Tokens: tokens, MaxOutputTokens: tr.OutputLength}, local)
 	if err != nil {
 		s.err = fmt.Errorf("request %d: %w", i, err)
 		return tokens
@@ -320,7 +351,7 @@ func (s *sim) firstToken(r *request) {
 	s.ttft = append(s.ttft, r.first-r.arrival)
 	s.prompt += int64(r.isl)
 	s.cached += int64(r.hits * s.cfg.BlockSize)
-	if _, err := s.pol.r.OnFirstToken(r.id); err != nil && s.err == nil {
+	if err := s.pol.firstToken(r.id); err != nil && s.err == nil {
 		s.err = err
 	}
 }
@@ -334,7 +365,7 @@ func (s *sim) done(r *request) {
 	if r.tokens > 1 {
 		s.tpot = append(s.tpot, (r.last-r.first)/float64(r.tokens-1))
 	}
-	if _, err := s.pol.r.OnComplete(r.id); err != nil && s.err == nil {
+	if err := s.pol.complete(r.id); err != nil && s.err == nil {
 		s.err = err
 	}
 }

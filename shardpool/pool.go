@@ -193,5 +193,7 @@ func (p *Pool) Stats() Stats {
 	for _, ch := range p.lanes {
 		depth += len(ch)
 	}
-	return p.c.stats(depth)
+	st := p.c.stats(depth)
+	st.Pairs = p.tree.Size()
+	return st
 }

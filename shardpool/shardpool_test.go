@@ -150,7 +150,7 @@ func TestRemoveWorkerIsOrdered(t *testing.T) {
 		if !maps.Equal(got.Scores, want) {
 			t.Fatalf("scores %v, want %v", got.Scores, want)
 		}
-		if st := idx.Stats(); st.RemovedWorkers != 1 {
+		if st := idx.Stats(); st.RemovedWorkers != 1 || st.Pairs != 2 {
 			t.Fatalf("stats %+v", st)
 		}
 	})

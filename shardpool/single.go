@@ -57,11 +57,13 @@ func (s *Single) run(tree *radix.Tree) {
 		switch m.kind {
 		case msgEvent:
 			s.c.record(tree.Apply(m.ev))
+			s.c.pairs.Store(int64(tree.Size()))
 			applied++
 		case msgMatch:
 			m.reply <- result{scores: tree.FindMatches(m.local, false)}
 		case msgRemove:
 			tree.RemoveWorker(m.id)
+			s.c.pairs.Store(int64(tree.Size()))
 			s.c.removedWorkers.Add(1)
 		case msgFlush:
 			m.reply <- result{n: applied}
