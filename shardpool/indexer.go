@@ -67,6 +67,7 @@ type Stats struct {
 	MaxBatch       int    // the largest batch
 	RemovedWorkers uint64 // RemoveWorker calls applied
 	Queued         uint64 // Device-tier events ever queued
+	Pairs          int    // (worker, block) pairs in the index now
 }
 
 // Rejected returns the number of events rejected in whole or in part.
@@ -84,7 +85,7 @@ func (s Stats) MeanBatch() float64 {
 type counters struct {
 	applied, ignoredTier, parentNotFound, blockNotFound, blocksNotFound, invalid atomic.Uint64
 	batches, batchedEvents, removedWorkers, queued                               atomic.Uint64
-	maxBatch, maxDepth                                                           atomic.Int64
+	maxBatch, maxDepth, pairs                                                    atomic.Int64
 	lastRejection                                                                atomic.Pointer[string]
 }
 
@@ -138,6 +139,7 @@ func (c *counters) stats(depth int) Stats {
 		MaxBatch:       int(c.maxBatch.Load()),
 		RemovedWorkers: c.removedWorkers.Load(),
 		Queued:         c.queued.Load(),
+		Pairs:          int(c.pairs.Load()),
 	}
 	if p := c.lastRejection.Load(); p != nil {
 		s.LastRejection = *p
