@@ -6,10 +6,6 @@ import (
 	"os"
 )
 
-func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
-	return errors.New("indexer: not yet built")
-}
-
 func runRouter(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	return errors.New("router: not yet built")
 }
