@@ -40,7 +40,7 @@ bench-compare:
 	./scripts/bench-compare.sh "$(OLD)" "$(NEW)" "$(BENCH)" "$(COUNT)" "$(BENCHTIME)"
 
 loadgen:
-	$(GO) run ./cmd/loadgen indexer
+	$(GO) run ./cmd/loadgen indexer -duration 20s
 
 replay:
 	$(GO) run ./cmd/loadgen replay

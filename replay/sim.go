@@ -382,10 +382,14 @@ func (s *sim) report(res *Result) {
 		res.ThroughputRPS = float64(s.completed) / (s.now / 1000)
 		res.ThroughputTPS = float64(s.out) / (s.now / 1000)
 	}
-	res.Load = spread(s.perW)
+	res.Load = SpreadOf(s.perW)
 }
 
-func spread(xs []int) Spread {
+// SpreadOf describes how counts (per worker) spread.
+func SpreadOf(xs []int) Spread {
+	if len(xs) == 0 {
+		return Spread{}
+	}
 	sp := Spread{Min: slices.Min(xs), Max: slices.Max(xs)}
 	sum := 0.0
 	for _, x := range xs {

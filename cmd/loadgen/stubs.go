@@ -6,10 +6,6 @@ import (
 	"os"
 )
 
-func runRouter(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
-	return errors.New("router: not yet built")
-}
-
 func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	return errors.New("ingest: not yet built")
 }

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/perf/benchfmt"
+)
+
+var indexerSmall = []string{"-synth", "-synth-requests", "200", "-synth-rate", "100", "-workers", "50", "-blocks", "1024", "-quiet"}
+
+func TestIndexerJSON(t *testing.T) {
+	out, _, err := runArgs(t, append([]string{"indexer", "-json", "-duration", "300ms", "-lanes", "1,2"}, indexerSmall...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Results []map[string]any `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(rep.Results) != 3 {
+		t.Fatalf("%d results, want single + two pools", len(rep.Results))
+	}
+	for _, k := range []string{"impl", "lanes", "offered_ops_s", "achieved_ops_s", "achieved_block_ops_s", "find_matches_us", "events_queued_frac", "bytes_per_pair", "saturated"} {
+		if _, ok := rep.Results[0][k]; !ok {
+			t.Errorf("result lacks %q", k)
+		}
+	}
+	if rep.Results[2]["impl"] != "pool" || rep.Results[2]["lanes"] != 2.0 || rep.Results[0]["impl"] != "single" {
+		t.Fatalf("%v", rep.Results)
+	}
+	lat := rep.Results[1]["find_matches_us"].(map[string]any)
+	for _, k := range []string{"p50", "p99", "p999"} {
+		if _, ok := lat[k]; !ok {
+			t.Errorf("latencies lack %q", k)
+		}
+	}
+	for _, r := range rep.Results {
+		if r["rejected_events"].(float64) != 0 || r["pairs"].(float64) <= 0 {
+			t.Errorf("%v", r)
+		}
+	}
+}
+
+// The bench format parses as Go benchmark results, as benchstat reads them.
+func TestIndexerBenchFormat(t *testing.T) {
+	out, _, err := runArgs(t, append([]string{"indexer", "-format=bench", "-duration", "200ms", "-sweep", "-sweep-steps", "2"}, indexerSmall...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := benchfmt.NewReader(strings.NewReader(out), "loadgen")
+	names := map[string]bool{}
+	for r.Scan() {
+		switch rec := r.Result().(type) {
+		case *benchfmt.Result:
+			names[string(rec.Name)] = true
+			ns, _ := rec.Value("sec/op")
+			ops, _ := rec.Value("ops/s")
+			if ns <= 0 || ops <= 0 {
+				t.Errorf("%s: %v", rec.Name, rec.Values)
+			}
+		case *benchfmt.SyntaxError:
+			t.Fatalf("benchstat would reject: %v", rec)
+		}
+	}
+	if !names["Indexer/impl=single"] || !names["Indexer/impl=pool/lanes=2"] {
+		t.Fatalf("names %v in\n%s", names, out)
+	}
+}
+
+func TestIndexerInterrupted(t *testing.T) {
+	var out, errb bytes.Buffer
+	stop := make(chan os.Signal, 1)
+	go func() { time.Sleep(150 * time.Millisecond); stop <- os.Interrupt }()
+	err := run(append([]string{"indexer", "-duration", "5s"}, indexerSmall...), &out, &errb, stop)
+	if err == nil || !strings.Contains(err.Error(), "interrupted") {
+		t.Fatalf("error %v", err)
+	}
+	if !strings.Contains(out.String(), "impl=single") || !strings.Contains(out.String(), "interrupted") {
+		t.Fatalf("no partial table:\n%s", out.String())
+	}
+}
+
+func TestIndexerBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"indexer", "-duration", "11m"}, "-duration"},
+		{[]string{"indexer", "-dup", "0"}, "-dup"},
+		{[]string{"indexer", "-compare", "single,btree"}, "btree"},
+		{[]string{"indexer", "-lanes", "0"}, "-lanes"},
+		{[]string{"indexer", "-format", "xml"}, "-format"},
+		{[]string{"indexer", "-trace", "/nonexistent/trace.jsonl"}, "no such file"},
+		{[]string{"router", "-rate", "0"}, "-rate"},
+		{[]string{"router", "-modes", "kv,magic"}, "magic"},
+	} {
+		_, _, err := runArgs(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.msg) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%v: %v, want one line about %q", tc.args, err, tc.msg)
+		}
+	}
+}
+
+func TestIndexerDup(t *testing.T) {
+	one, _, err := runArgs(t, append([]string{"indexer", "-json", "-duration", "200ms", "-compare", "pool"}, indexerSmall...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, _, err := runArgs(t, append([]string{"indexer", "-json", "-duration", "200ms", "-compare", "pool", "-dup", "2"}, indexerSmall...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a, b struct {
+		Results []struct {
+			Ops   int `json:"ops"`
+			Pairs int `json:"pairs"`
+		} `json:"results"`
+	}
+	json.Unmarshal([]byte(one), &a)
+	json.Unmarshal([]byte(two), &b)
+	if b.Results[0].Ops != 2*a.Results[0].Ops || b.Results[0].Pairs != 2*a.Results[0].Pairs {
+		t.Fatalf("dup 2: %+v vs %+v (want disjoint copies: twice the ops and pairs)", b, a)
+	}
+}
+
+func TestRouterCommand(t *testing.T) {
+	out, _, err := runArgs(t, "router", "-json", "-synth", "-synth-requests", "100", "-rate", "500", "-duration", "300ms", "-workers", "8", "-clients", "4", "-inflight", "16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Results []routerResult `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 2 || rep.Results[1].Mode != "kv" || rep.Results[1].Events != 150 || rep.Results[1].Rejected != 0 {
+		t.Fatalf("%+v", rep.Results)
+	}
+	if rep.Results[0].AchievedRPS <= 0 || rep.Results[1].DecisionUs.P50 <= 0 {
+		t.Fatalf("%+v", rep.Results)
+	}
+}
