@@ -193,12 +193,8 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 		len(ops), w.events, w.matches, w.blocks, w.span/1000)
 
 	rep := indexerReport{Trace: name, Workers: cfg.Workers, Dup: *dup, BlockSize: cfg.BlockSize}
-	stopped := &atomic.Bool{}
-	go func() {
-		if _, ok := <-stop; ok {
-			stopped.Store(true)
-		}
-	}()
+	stopped, release := watch(stop)
+	defer release()
 	for _, im := range impls {
 		var res indexerResult
 		if *sweep {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync/atomic"
 )
 
 func main() {
@@ -56,6 +57,20 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown command %q", args[0])
+}
+
+// watch sets the returned flag when stop delivers; release ends the watch.
+func watch(stop <-chan os.Signal) (*atomic.Bool, func()) {
+	stopped := &atomic.Bool{}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-stop:
+			stopped.Store(true)
+		case <-done:
+		}
+	}()
+	return stopped, func() { close(done) }
 }
 
 // newFlags returns a flag set that reports errors instead of exiting.

@@ -94,12 +94,8 @@ func runRouter(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	if len(reqs) == 0 {
 		return fmt.Errorf("the workload has no requests")
 	}
-	stopped := &atomic.Bool{}
-	go func() {
-		if _, ok := <-stop; ok {
-			stopped.Store(true)
-		}
-	}()
+	stopped, release := watch(stop)
+	defer release()
 	var results []routerResult
 	for _, m := range ms {
 		cfg := router.DefaultConfig()
