@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     := ./...
 COUNT    ?= 10
 BENCH    ?= .
-BENCHTIME ?= 1s
+BENCHTIME ?= 100ms
 FUZZTIME ?= 10s
 RESULTS  := results
 
@@ -25,11 +25,16 @@ fuzz:
 	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
 	  done; done
 
-# The cross-package suite, -count=$(COUNT), raw output into results/.
+# The cross-package suite at -cpu 2, -count=$(COUNT), raw output into
+# results/bench.txt; the concurrent workloads run again at -cpu 1.
+BENCHCMD = $(GO) test -run '^$$' -benchmem -count $(COUNT) -benchtime $(BENCHTIME)
 bench:
 	@mkdir -p $(RESULTS)
-	{ $(GO) version; echo "cmd: go test -run '^$$' -bench '$(BENCH)' -benchmem -count $(COUNT) -benchtime $(BENCHTIME) ./bench/"; \
-	  $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(COUNT) -benchtime $(BENCHTIME) ./bench/; } | tee $(RESULTS)/bench.txt
+	{ echo "# $$($(GO) version); $$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $$(nproc) cores; commit $$(git rev-parse --short HEAD)"; \
+	  echo "# $(BENCHCMD) -bench '$(BENCH)' -cpu 2 ./bench/"; \
+	  echo "# $(BENCHCMD) -bench 'Mixed|Parallel' -cpu 1 ./bench/"; \
+	  $(BENCHCMD) -bench '$(BENCH)' -cpu 2 ./bench/ && \
+	  $(BENCHCMD) -bench 'Mixed|Parallel' -cpu 1 ./bench/ ; } | tee $(RESULTS)/bench.txt
 
 benchstat:
 	$(GO) tool benchstat -col /impl $(RESULTS)/bench.txt | tee $(RESULTS)/benchstat.txt
