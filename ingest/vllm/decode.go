@@ -1,0 +1,427 @@
+// Package vllm ingests the KV cache events real vLLM engines publish: the
+// msgpack wire format in both its encodings (tagged positional arrays up to
+// vLLM 0.23, tagged maps since mid-2026), a converter to kvradix events, a
+// ZeroMQ subscriber that repairs gaps through the engines' replay sockets
+// and counts every loss it cannot repair, and a vLLM-compatible publisher for
+// tests and load.
+//
+// The wire format is specified in the project's VLLM_EVENTS.md (shared/)
+// and pinned by the hand-derived vectors in testdata/.
+package vllm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/tinylib/msgp/msgp"
+)
+
+// Event types as vLLM tags them.
+const (
+	BlockStored      = "BlockStored"
+	BlockRemoved     = "BlockRemoved"
+	AllBlocksCleared = "AllBlocksCleared"
+)
+
+// Batch is one decoded payload: vLLM's KVEventBatch.
+type Batch struct {
+	TS     float64 // publisher's Unix time, seconds
+	DPRank *int    // data-parallel rank; nil when absent or nil
+	Events []Event
+}
+
+// Event is one decoded KV cache event. Fields an event type lacks are zero.
+// An event of a type this package does not know keeps its Type and nothing
+// else; the converter counts and skips it.
+type Event struct {
+	Type            string
+	BlockHashes     []uint64
+	ParentBlockHash *uint64
+	TokenIDs        []uint32
+	BlockSize       int
+	LoRAName        string
+	Medium          string // "" when nil
+	GroupIdx        int
+	KVCacheSpecKind string
+}
+
+// DecodeError is a malformed payload; it names where: the event (or -1 for
+// the envelope) and the field.
+type DecodeError struct {
+	Event int
+	Field string
+	Err   error
+}
+
+func (e *DecodeError) Error() string {
+	if e.Event < 0 {
+		return fmt.Sprintf("vllm: envelope: %s: %v", e.Field, e.Err)
+	}
+	return fmt.Sprintf("vllm: event %d: %s: %v", e.Event, e.Field, e.Err)
+}
+
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+// DecodeBatch decodes a payload: the envelope [ts, events, data_parallel_rank]
+// (2 or more elements; the rank may be nil or absent) and each event in
+// either encoding. Unknown map keys and extra trailing elements are ignored.
+// Malformed input is a *DecodeError; nothing panics.
+func DecodeBatch(payload []byte) (Batch, error) {
+	var b Batch
+	err := decodeBatchInto(&b, payload)
+	return b, err
+}
+
+func envErr(field string, err error) error { return &DecodeError{Event: -1, Field: field, Err: err} }
+
+func decodeBatchInto(out *Batch, b []byte) error {
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return envErr("batch", err)
+	}
+	if n < 2 {
+		return envErr("batch", fmt.Errorf("%d elements, want at least 2", n))
+	}
+	switch msgp.NextType(b) {
+	case msgp.Float64Type, msgp.Float32Type:
+		out.TS, b, err = msgp.ReadFloat64Bytes(b)
+	case msgp.IntType, msgp.UintType:
+		var i int64
+		i, b, err = msgp.ReadInt64Bytes(b)
+		out.TS = float64(i)
+	default:
+		err = fmt.Errorf("want a number, got %v", msgp.NextType(b))
+	}
+	if err != nil {
+		return envErr("ts", err)
+	}
+	ne, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return envErr("events", err)
+	}
+	if int(ne) > len(b) {
+		return envErr("events", msgp.ErrShortBytes)
+	}
+	out.Events = make([]Event, ne)
+	for i := range out.Events {
+		if b, err = decodeEvent(&out.Events[i], b, i); err != nil {
+			return err
+		}
+	}
+	if n >= 3 {
+		if msgp.IsNil(b) {
+			b, err = msgp.ReadNilBytes(b)
+		} else {
+			var r int64
+			r, b, err = msgp.ReadInt64Bytes(b)
+			if err == nil && (r < 0 || r > math.MaxUint32) {
+				err = fmt.Errorf("%d out of range", r)
+			}
+			rank := int(r)
+			out.DPRank = &rank
+		}
+		if err != nil {
+			return envErr("data_parallel_rank", err)
+		}
+		for range n - 3 {
+			if b, err = msgp.Skip(b); err != nil {
+				return envErr("trailing element", err)
+			}
+		}
+	}
+	return nil
+}
+
+func evErr(i int, field string, err error) error { return &DecodeError{Event: i, Field: field, Err: err} }
+
+// Field positions of the array encoding, after the tag.
+var (
+	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"}
+	removedFields = []string{"block_hashes", "medium", "group_idx"}
+)
+
+func decodeEvent(ev *Event, b []byte, i int) ([]byte, error) {
+	switch msgp.NextType(b) {
+	case msgp.ArrayType:
+		n, rest, err := msgp.ReadArrayHeaderBytes(b)
+		if err != nil {
+			return nil, evErr(i, "event", err)
+		}
+		if n == 0 {
+			return nil, evErr(i, "type", errors.New("empty array, no tag"))
+		}
+		tag, rest, err := readStr(rest)
+		if err == nil && len(tag) == 0 {
+			err = errors.New("empty tag")
+		}
+		if err != nil {
+			return nil, evErr(i, "type", err)
+		}
+		ev.Type = internType(tag)
+		var names []string
+		switch ev.Type {
+		case BlockStored:
+			names = storedFields
+			if n < 5 {
+				return nil, evErr(i, "event", fmt.Errorf("BlockStored with %d fields, want at least 4", n-1))
+			}
+		case BlockRemoved:
+			names = removedFields
+			if n < 2 {
+				return nil, evErr(i, "event", errors.New("BlockRemoved without block_hashes"))
+			}
+		}
+		for k := 1; k < int(n); k++ {
+			if k-1 < len(names) {
+				rest, err = ev.field(names[k-1], rest, i)
+			} else {
+				rest, err = msgp.Skip(rest)
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		return rest, nil
+	case msgp.MapType:
+		n, rest, err := msgp.ReadMapHeaderBytes(b)
+		if err != nil {
+			return nil, evErr(i, "event", err)
+		}
+		var seen uint16 // which required fields were present
+		for range n {
+			var key []byte
+			key, rest, err = readStr(rest)
+			if err != nil {
+				return nil, evErr(i, "key", err)
+			}
+			k := fieldName(key)
+			switch k {
+			case "type":
+				var tag []byte
+				tag, rest, err = readStr(rest)
+				if err == nil && len(tag) == 0 {
+					err = errors.New("empty tag")
+				}
+				if err != nil {
+					return nil, evErr(i, "type", err)
+				}
+				ev.Type = internType(tag)
+			case "block_hashes":
+				seen |= 1
+				rest, err = ev.field(k, rest, i)
+			case "token_ids":
+				seen |= 2
+				rest, err = ev.field(k, rest, i)
+			case "block_size":
+				seen |= 4
+				rest, err = ev.field(k, rest, i)
+			default:
+				rest, err = ev.field(k, rest, i)
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		switch {
+		case ev.Type == "":
+			return nil, evErr(i, "type", errors.New("missing"))
+		case ev.Type == BlockStored && seen&1 == 0, ev.Type == BlockRemoved && seen&1 == 0:
+			return nil, evErr(i, "block_hashes", errors.New("missing"))
+		case ev.Type == BlockStored && seen&2 == 0:
+			return nil, evErr(i, "token_ids", errors.New("missing"))
+		case ev.Type == BlockStored && seen&4 == 0:
+			return nil, evErr(i, "block_size", errors.New("missing"))
+		}
+		return rest, nil
+	}
+	return nil, evErr(i, "event", fmt.Errorf("want an array or a map, got %v", msgp.NextType(b)))
+}
+
+var fieldNames = []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"}
+
+// fieldName returns the known field name equal to key, or "" (skipped).
+func fieldName(key []byte) string {
+	for _, n := range fieldNames {
+		if string(key) == n {
+			return n
+		}
+	}
+	return ""
+}
+
+// field decodes one named field's value into ev; unknown names are skipped.
+func (ev *Event) field(name string, b []byte, i int) ([]byte, error) {
+	var err error
+	switch name {
+	case "block_hashes":
+		ev.BlockHashes, b, err = readHashes(b, i)
+		return b, err
+	case "parent_block_hash":
+		if msgp.IsNil(b) {
+			return msgp.ReadNilBytes(b)
+		}
+		var h uint64
+		h, b, err = readHash(b)
+		if err != nil {
+			return nil, evErr(i, name, err)
+		}
+		ev.ParentBlockHash = &h
+	case "token_ids":
+		ev.TokenIDs, b, err = readTokens(b, i)
+		return b, err
+	case "block_size":
+		var v int64
+		v, b, err = msgp.ReadInt64Bytes(b)
+		if err == nil && (v < 0 || v > math.MaxInt32) {
+			err = fmt.Errorf("%d out of range", v)
+		}
+		ev.BlockSize = int(v)
+	case "group_idx":
+		if msgp.IsNil(b) {
+			return msgp.ReadNilBytes(b)
+		}
+		var v int64
+		v, b, err = msgp.ReadInt64Bytes(b)
+		if err == nil && (v < math.MinInt32 || v > math.MaxInt32) {
+			err = fmt.Errorf("%d out of range", v)
+		}
+		ev.GroupIdx = int(v)
+	case "medium":
+		ev.Medium, b, err = readOptStr(b, internMedium)
+	case "lora_name":
+		ev.LoRAName, b, err = readOptStr(b, nil)
+	case "kv_cache_spec_kind":
+		ev.KVCacheSpecKind, b, err = readOptStr(b, internMedium)
+	default:
+		b, err = msgp.Skip(b)
+	}
+	if err != nil {
+		return nil, evErr(i, name, err)
+	}
+	return b, nil
+}
+
+func readStr(b []byte) ([]byte, []byte, error) {
+	return msgp.ReadStringZC(b)
+}
+
+// readOptStr reads a str or nil; intern maps common values to constants so
+// they do not allocate.
+func readOptStr(b []byte, intern func([]byte) string) (string, []byte, error) {
+	if msgp.IsNil(b) {
+		b, err := msgp.ReadNilBytes(b)
+		return "", b, err
+	}
+	s, b, err := msgp.ReadStringZC(b)
+	if err != nil {
+		return "", nil, err
+	}
+	if intern != nil {
+		return intern(s), b, nil
+	}
+	return string(s), b, nil
+}
+
+var knownTypes = []string{BlockStored, BlockRemoved, AllBlocksCleared}
+
+func internType(s []byte) string {
+	for _, t := range knownTypes {
+		if string(s) == t {
+			return t
+		}
+	}
+	return string(s)
+}
+
+var knownStrings = []string{"GPU", "CPU", "DEVICE", "CPU_PINNED", "CPU_TIER1", "CPU_TIER2", "DISK", "NVME", "STORAGE", "EXTERNAL", "NETWORK", "REMOTE", "SHARED", "full_attention", "sliding_window", "mla_attention"}
+
+func internMedium(s []byte) string {
+	for _, t := range knownStrings {
+		if string(s) == t {
+			return t
+		}
+	}
+	return string(s)
+}
+
+// readHash reads a block hash: any msgpack integer (signed values are
+// reinterpreted as unsigned) or 1 to 32 bytes of bin, of which the last 8,
+// big-endian, are the hash.
+func readHash(b []byte) (uint64, []byte, error) {
+	switch msgp.NextType(b) {
+	case msgp.UintType:
+		return msgp.ReadUint64Bytes(b)
+	case msgp.IntType:
+		v, rest, err := msgp.ReadInt64Bytes(b)
+		return uint64(v), rest, err
+	case msgp.BinType:
+		raw, rest, err := msgp.ReadBytesZC(b)
+		if err != nil {
+			return 0, nil, err
+		}
+		if len(raw) < 1 || len(raw) > 32 {
+			return 0, nil, fmt.Errorf("bin hash of %d bytes, want 1 to 32", len(raw))
+		}
+		var buf [8]byte
+		if len(raw) >= 8 {
+			copy(buf[:], raw[len(raw)-8:])
+		} else {
+			copy(buf[8-len(raw):], raw)
+		}
+		return binary.BigEndian.Uint64(buf[:]), rest, nil
+	}
+	return 0, nil, fmt.Errorf("want an integer or bin hash, got %v", msgp.NextType(b))
+}
+
+func readHashes(b []byte, i int) ([]uint64, []byte, error) {
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return nil, nil, evErr(i, "block_hashes", err)
+	}
+	if int(n) > len(b) {
+		return nil, nil, evErr(i, "block_hashes", msgp.ErrShortBytes)
+	}
+	out := make([]uint64, n)
+	for k := range out {
+		if out[k], b, err = readHash(b); err != nil {
+			return nil, nil, evErr(i, fmt.Sprintf("block_hashes[%d]", k), err)
+		}
+	}
+	return out, b, nil
+}
+
+func readTokens(b []byte, i int) ([]uint32, []byte, error) {
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return nil, nil, evErr(i, "token_ids", err)
+	}
+	if int(n) > len(b) {
+		return nil, nil, evErr(i, "token_ids", msgp.ErrShortBytes)
+	}
+	out := make([]uint32, n)
+	for k := range out {
+		// Fast path: positive fixints, the most common token encoding.
+		if len(b) > 0 && b[0] < 0x80 {
+			out[k], b = uint32(b[0]), b[1:]
+			continue
+		}
+		var v int64
+		if msgp.NextType(b) == msgp.UintType {
+			var u uint64
+			u, b, err = msgp.ReadUint64Bytes(b)
+			v = int64(min(u, math.MaxUint32+1))
+		} else {
+			v, b, err = msgp.ReadInt64Bytes(b)
+		}
+		if err == nil && (v < 0 || v > math.MaxUint32) {
+			err = fmt.Errorf("token id %d does not fit a u32", v)
+		}
+		if err != nil {
+			return nil, nil, evErr(i, fmt.Sprintf("token_ids[%d]", k), err)
+		}
+		out[k] = uint32(v)
+	}
+	return out, b, nil
+}
