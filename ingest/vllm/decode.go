@@ -134,7 +134,9 @@ func decodeBatchInto(out *Batch, b []byte) error {
 	return nil
 }
 
-func evErr(i int, field string, err error) error { return &DecodeError{Event: i, Field: field, Err: err} }
+func evErr(i int, field string, err error) error {
+	return &DecodeError{Event: i, Field: field, Err: err}
+}
 
 // Field positions of the array encoding, after the tag.
 var (

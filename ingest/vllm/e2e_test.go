@@ -1,0 +1,248 @@
+package vllm
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix"
+	"github.com/kvradix/kvradix/radix/radixtest"
+	"github.com/kvradix/kvradix/shardpool"
+)
+
+// go-zeromq v0.17 leaves two kinds of its own goroutines behind after
+// Close: a PUB's writer waiting on its condition variable, and a closed
+// socket's reader blocked delivering a last message nobody reads. They are
+// ignored here; every goroutine of this package is still checked.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
+		goleak.IgnoreTopFunction("github.com/go-zeromq/zmq4.(*qreader).listen"))
+}
+
+const bs = 16
+
+type engineUnderTest struct {
+	pub    *Publisher
+	gen    *SynthEngine
+	worker kvevent.WorkerID
+	conv   *Converter // builds the expected index directly
+}
+
+func newEngine(t *testing.T, worker kvevent.WorkerID, cfg PublisherConfig) *engineUnderTest {
+	t.Helper()
+	cfg.Endpoint = "tcp://127.0.0.1:0"
+	if cfg.ReplayEndpoint == "x" {
+		cfg.ReplayEndpoint = "tcp://127.0.0.1:0"
+	}
+	p, err := NewPublisher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return &engineUnderTest{pub: p, gen: NewSynthEngine(uint64(worker), bs, 4, 0.3), worker: worker, conv: NewConverter(worker, bs)}
+}
+
+func (e *engineUnderTest) endpoint() Endpoint {
+	return Endpoint{Worker: e.worker, Address: e.pub.Addr(), Replay: e.pub.ReplayAddr(), Topic: e.pub.cfg.Topic}
+}
+
+// publish sends n batches of 1-3 events, applying them to want as well.
+func (e *engineUnderTest) publish(t *testing.T, n int, want radix.Index) {
+	t.Helper()
+	for i := range n {
+		var evs []Event
+		for range 1 + i%3 {
+			evs = append(evs, e.gen.Step())
+		}
+		for _, ev := range e.conv.Convert(nil, &Batch{DPRank: e.pub.cfg.DPRank, Events: evs}) {
+			_ = want.Apply(ev)
+		}
+		if _, err := e.pub.Publish(evs); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// connect publishes empty batches until the subscriber has one from each
+// engine, so the slow-joiner start of PUB/SUB does not blur the test.
+func connect(t *testing.T, sub *Subscriber, engines ...*engineUnderTest) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for i, e := range engines {
+		for sub.Received()[i] == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("subscriber never connected")
+			}
+			if _, err := e.pub.Publish(nil); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+// settle waits until the subscriber applied every engine's latest batch.
+func settle(t *testing.T, sub *Subscriber, engines ...*engineUnderTest) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		done := true
+		got := sub.Received()
+		for i, e := range engines {
+			e.pub.mu.Lock()
+			want := e.pub.seq
+			e.pub.mu.Unlock()
+			done = done && got[i] == want
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("subscriber stuck at %v", got)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := sub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func sameIndex(t *testing.T, got, want radix.Index) {
+	t.Helper()
+	a, err := radixtest.FromDump(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := radixtest.FromDump(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := a.Diff(b); d != "" {
+		t.Fatalf("the subscriber's index differs from the engines' events: %s", d)
+	}
+	if got.Size() != want.Size() || got.Size() == 0 {
+		t.Fatalf("sizes %d and %d", got.Size(), want.Size())
+	}
+}
+
+// Messages dropped on the wire are repaired from the replay ring (both
+// framings, both encodings), and a restarted engine is cleared and
+// resynced: the final index equals the one built from every event.
+func TestEndToEndRepairAndRestart(t *testing.T) {
+	rank := 1
+	a := newEngine(t, 1, PublisherConfig{ReplayEndpoint: "x", Topic: "kv@a@m", Encoding: ArrayEncoding, Framing: FramingLegacy})
+	b := newEngine(t, 2, PublisherConfig{ReplayEndpoint: "x", Topic: "", Encoding: MapEncoding, Framing: FramingTopic, DPRank: &rank})
+	pool := shardpool.NewPool(2, bs)
+	defer pool.Close()
+	sub, err := NewSubscriber(pool, SubscriberConfig{BlockSize: bs}, a.endpoint(), b.endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	connect(t, sub, a, b)
+
+	want := radix.NewTree()
+	a.pub.DropLive = func(seq uint64) bool { return seq%10 == 3 || seq%10 == 4 }
+	b.pub.DropLive = func(seq uint64) bool { return seq%17 == 5 }
+	a.publish(t, 60, want)
+	b.publish(t, 59, want)
+	b.pub.DropLive = nil
+	b.publish(t, 1, want)
+	// Once the subscriber caught up (else the restart would empty the ring
+	// before the last gaps are replayed: a real loss), b restarts: its
+	// cache is gone, its sequence starts again at 0.
+	settle(t, sub, b)
+	b.pub.DropLive = func(seq uint64) bool { return seq%17 == 5 }
+	b.pub.Restart()
+	b.gen.Restart()
+	_ = want.Apply(kvevent.RouterEvent{WorkerID: 2, Event: kvevent.Event{DPRank: 1, Data: kvevent.Cleared{}}})
+	b.publish(t, 30, want)
+	a.publish(t, 1, want) // the last batches go through
+	b.pub.DropLive = nil
+	b.publish(t, 1, want)
+	settle(t, sub, a, b)
+
+	sameIndex(t, pool.Tree(), want)
+	st := sub.Stats()
+	if st.GapsFound == 0 || st.GapsRepaired != st.GapsFound || st.GapsLost != 0 || st.BatchesLost != 0 || st.Restarts != 1 || st.Replayed == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if st.Convert.Rejected() != 0 || st.DecodeErrors != 0 || st.BadFrames != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A gap older than the replay ring, or with no replay socket at all, is
+// lost: counted and reported with its sequence numbers.
+func TestUnrepairableGapsAreReported(t *testing.T) {
+	short := newEngine(t, 1, PublisherConfig{ReplayEndpoint: "x", BufferSteps: 2})
+	none := newEngine(t, 2, PublisherConfig{})
+	pool := shardpool.NewPool(1, bs)
+	defer pool.Close()
+	var heard []Loss
+	lossCh := make(chan Loss, 16)
+	sub, err := NewSubscriber(pool, SubscriberConfig{BlockSize: bs, OnLoss: func(l Loss) { lossCh <- l }}, short.endpoint(), none.endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	connect(t, sub, short, none)
+	start := sub.Received()
+	drop := func(seq uint64) bool { return seq >= start[0] && seq < start[0]+5 }
+	short.pub.DropLive = drop
+	none.pub.DropLive = func(seq uint64) bool { return seq >= start[1] && seq < start[1]+3 }
+	scratch := radix.NewTree()
+	short.publish(t, 6, scratch)
+	none.publish(t, 4, scratch)
+	settle(t, sub, short, none)
+	close(lossCh)
+	for l := range lossCh {
+		heard = append(heard, l)
+	}
+	st := sub.Stats()
+	if st.GapsFound != 2 || st.GapsLost != 2 || st.GapsRepaired != 0 || st.BatchesLost != 4+3 {
+		t.Fatalf("stats %+v", st)
+	}
+	if len(heard) != 2 || len(st.RecentLosses) != 2 {
+		t.Fatalf("losses %v", heard)
+	}
+	for _, l := range heard {
+		switch l.Worker {
+		case 1:
+			// The ring held the last 2 batches: the 5th dropped and the
+			// live one; the first 4 are lost.
+			if l.First != start[0] || l.Last != start[0]+3 || !strings.Contains(l.Reason, "replay buffer") {
+				t.Errorf("loss %v", l)
+			}
+		case 2:
+			if l.First != start[1] || l.Last != start[1]+2 || !strings.Contains(l.Reason, "no replay") {
+				t.Errorf("loss %v", l)
+			}
+		}
+	}
+}
+
+func TestSubscriberLifecycle(t *testing.T) {
+	pool := shardpool.NewPool(1, bs)
+	defer pool.Close()
+	if _, err := NewSubscriber(pool, SubscriberConfig{}); err == nil {
+		t.Fatal("block size 0 accepted")
+	}
+	if _, err := NewSubscriber(pool, SubscriberConfig{BlockSize: bs}, Endpoint{Address: "nonsense://x"}); err == nil {
+		t.Fatal("bad endpoint accepted")
+	}
+	sub, err := NewSubscriber(pool, SubscriberConfig{BlockSize: bs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if sub.Close() != ErrClosed || sub.Flush() != ErrClosed {
+		t.Fatal("calls after close must fail")
+	}
+}

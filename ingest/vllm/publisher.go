@@ -1,0 +1,183 @@
+package vllm
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// EndOfReplay is the sequence number of the replay end marker.
+const EndOfReplay = ^uint64(0)
+
+// Framing is how replayed batches are framed.
+type Framing uint8
+
+const (
+	// FramingTopic is [topic, seq, payload], as vLLM sends since #45177.
+	FramingTopic Framing = iota
+	// FramingLegacy is [seq, payload], as vLLM sent before #45177.
+	FramingLegacy
+)
+
+// PublisherConfig configures a vLLM-compatible publisher.
+type PublisherConfig struct {
+	Endpoint       string   // the PUB socket binds here, e.g. "tcp://127.0.0.1:0"
+	ReplayEndpoint string   // the ROUTER replay socket binds here; "" for none
+	Topic          string   // the first frame of every live message
+	Encoding       Encoding // of the events
+	Framing        Framing  // of replayed batches
+	BufferSteps    int      // batches kept for replay (vLLM's buffer_steps, 10000)
+	DPRank         *int     // the envelope's data_parallel_rank
+}
+
+// Publisher publishes KV event batches as a vLLM engine does: three-frame
+// live messages [topic, seq (8 bytes big-endian), payload] on a PUB socket,
+// and a ROUTER replay socket answering a start sequence with every buffered
+// batch from it and an end marker. It is safe for concurrent use.
+type Publisher struct {
+	cfg    PublisherConfig
+	pub    zmq4.Socket
+	router zmq4.Socket
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu   sync.Mutex
+	seq  uint64
+	ring []ringEntry // the last BufferSteps batches, oldest first
+	buf  []byte
+	// DropLive, when set, is asked before each live send; returning true
+	// drops the message (it stays in the replay ring), as a PUB socket does
+	// when a subscriber's queue is full. For tests and load generation.
+	DropLive func(seq uint64) bool
+}
+
+type ringEntry struct {
+	seq     uint64
+	payload []byte
+}
+
+// NewPublisher binds the sockets.
+func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
+	if cfg.BufferSteps <= 0 {
+		cfg.BufferSteps = 10000
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Publisher{cfg: cfg, cancel: cancel, pub: zmq4.NewPub(ctx)}
+	if err := p.pub.Listen(cfg.Endpoint); err != nil {
+		cancel()
+		p.pub.Close()
+		return nil, fmt.Errorf("vllm: publisher: listen %s: %w", cfg.Endpoint, err)
+	}
+	if cfg.ReplayEndpoint != "" {
+		p.router = zmq4.NewRouter(ctx, zmq4.WithTimeout(2*time.Second))
+		if err := p.router.Listen(cfg.ReplayEndpoint); err != nil {
+			cancel()
+			p.pub.Close()
+			p.router.Close()
+			return nil, fmt.Errorf("vllm: publisher: replay listen %s: %w", cfg.ReplayEndpoint, err)
+		}
+		p.wg.Add(1)
+		go p.serveReplay()
+	}
+	return p, nil
+}
+
+// Addr returns the live endpoint as subscribers dial it.
+func (p *Publisher) Addr() string { return "tcp://" + p.pub.Addr().String() }
+
+// ReplayAddr returns the replay endpoint, or "" if there is none.
+func (p *Publisher) ReplayAddr() string {
+	if p.router == nil {
+		return ""
+	}
+	return "tcp://" + p.router.Addr().String()
+}
+
+// Publish sends one batch of events and returns its sequence number.
+func (p *Publisher) Publish(events []Event) (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b := Batch{TS: float64(time.Now().UnixNano()) / 1e9, DPRank: p.cfg.DPRank, Events: events}
+	payload := AppendBatch(nil, &b, p.cfg.Encoding)
+	seq := p.seq
+	p.seq++
+	if len(p.ring) == p.cfg.BufferSteps {
+		copy(p.ring, p.ring[1:])
+		p.ring = p.ring[:len(p.ring)-1]
+	}
+	p.ring = append(p.ring, ringEntry{seq, payload})
+	if p.DropLive != nil && p.DropLive(seq) {
+		return seq, nil
+	}
+	msg := zmq4.NewMsgFrom([]byte(p.cfg.Topic), seqFrame(seq), payload)
+	if err := p.pub.Send(msg); err != nil {
+		return seq, fmt.Errorf("vllm: publish %d: %w", seq, err)
+	}
+	return seq, nil
+}
+
+// Restart simulates the engine process restarting: sequence numbers start
+// again at 0 and the replay ring is emptied.
+func (p *Publisher) Restart() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seq = 0
+	p.ring = nil
+}
+
+func seqFrame(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
+
+// serveReplay answers replay requests: exactly [identity, "", start_seq].
+func (p *Publisher) serveReplay() {
+	defer p.wg.Done()
+	for {
+		msg, err := p.router.Recv()
+		if err != nil {
+			return
+		}
+		f := msg.Frames
+		if len(f) != 3 || len(f[1]) != 0 || len(f[2]) != 8 {
+			continue // vLLM logs and ignores anything else
+		}
+		id, start := f[0], binary.BigEndian.Uint64(f[2])
+		p.mu.Lock()
+		var batch []ringEntry
+		for _, e := range p.ring {
+			if e.seq >= start {
+				batch = append(batch, e)
+			}
+		}
+		p.mu.Unlock()
+		for _, e := range batch {
+			if p.reply(id, seqFrame(e.seq), e.payload) != nil {
+				break
+			}
+		}
+		_ = p.reply(id, seqFrame(EndOfReplay), nil)
+	}
+}
+
+func (p *Publisher) reply(id, seq, payload []byte) error {
+	frames := [][]byte{id, {}}
+	if p.cfg.Framing == FramingTopic {
+		frames = append(frames, []byte(p.cfg.Topic))
+	}
+	frames = append(frames, seq, payload)
+	return p.router.Send(zmq4.NewMsgFrom(frames...))
+}
+
+// Close closes the sockets and waits for the replay server.
+func (p *Publisher) Close() error {
+	p.cancel()
+	err := p.pub.Close()
+	if p.router != nil {
+		err = errors.Join(err, p.router.Close())
+	}
+	p.wg.Wait()
+	return err
+}
