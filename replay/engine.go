@@ -10,7 +10,6 @@
 package replay
 
 import (
-
 	"github.com/google/uuid"
 
 	"github.com/kvradix/kvradix/kvevent"
@@ -299,4 +298,3 @@ func (e *engine) finishStep(now float64, obs observer) {
 	clear(e.running[len(keep):])
 	e.running = keep
 }
-

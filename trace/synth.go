@@ -124,4 +124,3 @@ func Synthesize(c SynthConfig) ([]Request, error) {
 	}
 	return out, nil
 }
-
