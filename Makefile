@@ -36,8 +36,17 @@ bench:
 	  $(BENCHCMD) -bench '$(BENCH)' -cpu 2 ./bench/ && \
 	  $(BENCHCMD) -bench 'Mixed|Parallel' -cpu 1 ./bench/ ; } | tee $(RESULTS)/bench.txt
 
+# Each family against its baseline: raw XXH3 for hashing, the single-threaded
+# tree for indexes, the single-threaded indexer for indexers.
 benchstat:
-	$(GO) tool benchstat -col /impl $(RESULTS)/bench.txt | tee $(RESULTS)/benchstat.txt
+	{ echo "## hashing: LocalHashes against raw XXH3 over the same bytes"; \
+	  $(GO) tool benchstat -filter '.name:Hashing' -col /impl $(RESULTS)/bench.txt; \
+	  echo; echo "## indexes: ConcurrentTree against the baseline Tree"; \
+	  $(GO) tool benchstat -filter '.name:(Apply OR FindMatches OR FindMatchesParallel OR Trace)' -col /impl $(RESULTS)/bench.txt; \
+	  echo; echo "## indexers: Pool against the single-threaded indexer, mixed reads and writes"; \
+	  $(GO) tool benchstat -filter '.name:Mixed' -col /impl,/lanes $(RESULTS)/bench.txt; \
+	  echo; echo "## scheduling and parallel writes"; \
+	  $(GO) tool benchstat -filter '.name:(Schedule OR ApplyParallel)' $(RESULTS)/bench.txt; } | tee $(RESULTS)/benchstat.txt
 
 # make bench-compare OLD=<rev> NEW=<rev>: interleaved runs of both revisions.
 bench-compare:
