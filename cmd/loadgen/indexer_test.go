@@ -148,3 +148,20 @@ func TestRouterCommand(t *testing.T) {
 		t.Fatalf("%+v", rep.Results)
 	}
 }
+
+func TestIngestCommand(t *testing.T) {
+	out, _, err := runArgs(t, "ingest", "-json", "-engines", "2", "-events", "1600", "-blocks-per-event", "8", "-drop", "0.05")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res ingestResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if !res.IndexEqual || res.Rejected != 0 || res.Restarts != 1 || res.GapsLost != 0 || res.GapsRepaired != res.GapsFound || res.EventsS <= 0 {
+		t.Fatalf("%+v", res)
+	}
+	if res.DroppedBatches > 0 && res.GapsFound == 0 {
+		t.Fatalf("%d batches dropped but no gap found", res.DroppedBatches)
+	}
+}

@@ -65,7 +65,8 @@ func (g *SynthEngine) Step() Event {
 	var parent uint64
 	if len(g.held) > 0 && g.rng.IntN(4) > 0 {
 		parent = g.held[g.rng.IntN(len(g.held))]
-		ev.ParentBlockHash = &parent
+		p := parent // parent moves down the chain below
+		ev.ParentBlockHash = &p
 	}
 	var buf []byte
 	for range g.BlocksPer {
