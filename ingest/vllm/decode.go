@@ -404,10 +404,22 @@ func readTokens(b []byte, i int) ([]uint32, []byte, error) {
 	}
 	out := make([]uint32, n)
 	for k := range out {
-		// Fast path: positive fixints, the most common token encoding.
-		if len(b) > 0 && b[0] < 0x80 {
-			out[k], b = uint32(b[0]), b[1:]
-			continue
+		// Fast paths: the unsigned widths msgspec picks for token ids.
+		if len(b) >= 5 {
+			switch c := b[0]; {
+			case c < 0x80:
+				out[k], b = uint32(c), b[1:]
+				continue
+			case c == 0xcc:
+				out[k], b = uint32(b[1]), b[2:]
+				continue
+			case c == 0xcd:
+				out[k], b = uint32(binary.BigEndian.Uint16(b[1:])), b[3:]
+				continue
+			case c == 0xce:
+				out[k], b = binary.BigEndian.Uint32(b[1:]), b[5:]
+				continue
+			}
 		}
 		var v int64
 		if msgp.NextType(b) == msgp.UintType {
