@@ -20,15 +20,17 @@ import (
 // the tokens hashes on its path from the root (childKey), and all nodes live
 // in one xsync.Map keyed by it: a hash table of 64-byte buckets with
 // lock-free reads and per-bucket write locks, so writers of unrelated nodes
-// never contend and readers never lock at all. A node stores its tokens
-// hash, its parent's key, its number of children and its workers as a sorted
-// array of dense worker slots (4 bytes each, not a map per node).
+// never contend and readers never lock at all. A node is a 24-byte value
+// stored in the map's entry itself: its parent's key, its number of
+// children, and its workers as dense worker slots (4 bytes each, not a map
+// per node): one slot inline, two or more in a sorted array. Its tokens hash
+// is not stored: childKey is invertible, so it is recovered from the key
+// and the parent's key (Dump needs it; nothing else does).
 //
-// A node's worker set is immutable once published: a writer changes it by
-// replacing the node, under its bucket lock (xsync's Compute), with a
-// modified copy, so a reader's plain load sees a consistent set. The child
-// count, which readers never look at, is updated in place under the same
-// lock. A node
+// Nodes are values: xsync replaces a node's entry whenever a writer changes
+// it (under the bucket lock, in Compute), and slot arrays are never modified
+// once published, so a reader's lock-free load always sees one consistent
+// node. A node
 // left with no workers and no children is deleted and its parent's child
 // count decremented (cascading), exactly as Tree unlinks nodes; so every
 // ancestor of a stored node exists, which Dump relies on.
@@ -54,7 +56,7 @@ import (
 // Two different paths whose 64-bit chained keys collide would share a node;
 // with well-mixed tokens hashes the chance is about n²/2⁶⁵ for n nodes.
 type ConcurrentTree struct {
-	nodes   *xsync.Map[uint64, *cnode]
+	nodes   *xsync.Map[uint64, cnode]
 	workers *xsync.Map[kvevent.Worker, *cworker]
 	slots   atomic.Pointer[[]*cworker] // slot -> worker; append-only, copy on write
 	slotsMu sync.Mutex
@@ -62,14 +64,41 @@ type ConcurrentTree struct {
 	scratch sync.Pool // *matchScratch
 }
 
-// cnode is one block. Only children changes after the node is stored in
-// the map, and only under its bucket lock.
+// cnode is one block, stored by value in the map's entries.
 type cnode struct {
-	local    uint64    // tokens hash
 	parent   uint64    // parent's key; rootKey at the top
-	slots    []uint32  // workers holding the block, sorted; immutable
 	children int32     // nodes whose parent this is
-	one      [1]uint32 // backing array of slots for a node created by one worker
+	single   uint32    // the one worker slot when multi is nil; noSlot if none
+	multi    *[]uint32 // two or more slots, sorted; immutable once stored
+}
+
+// noSlot marks a node held by no worker.
+const noSlot = ^uint32(0)
+
+// slots returns the node's worker slots, sorted; buf backs a single slot.
+func (n *cnode) slots(buf *[1]uint32) []uint32 {
+	switch {
+	case n.multi != nil:
+		return *n.multi
+	case n.single != noSlot:
+		buf[0] = n.single
+		return buf[:]
+	}
+	return nil
+}
+
+// withSlots returns n holding exactly ss (sorted; copied if more than one).
+func (n cnode) withSlots(ss []uint32) cnode {
+	n.single, n.multi = noSlot, nil
+	switch len(ss) {
+	case 0:
+	case 1:
+		n.single = ss[0]
+	default:
+		cp := slices.Clone(ss)
+		n.multi = &cp
+	}
+	return n
 }
 
 // cworker is one cache owner. lookup and op are owned by its writer
@@ -85,76 +114,94 @@ type cworker struct {
 	joinFn, leaveFn, dropChildFn computeFn
 }
 
-type computeFn = func(*cnode, bool) (*cnode, xsync.ComputeOp)
+type computeFn = func(cnode, bool) (cnode, xsync.ComputeOp)
 
 // nodeOp carries one node update's arguments and results through xsync's
 // Compute without a closure.
 type nodeOp struct {
 	slot            uint32
-	local, parent   uint64 // join: the new node's tokens hash and parent
+	parent          uint64 // join: the new node's parent
 	created, joined bool   // join results
 	deleted         bool   // leave / dropChild: the node was deleted...
 	up              uint64 // ...and this was its parent
 }
 
 // join adds the slot to the node, creating it if absent.
-func (o *nodeOp) join(n *cnode, loaded bool) (*cnode, xsync.ComputeOp) {
+func (o *nodeOp) join(n cnode, loaded bool) (cnode, xsync.ComputeOp) {
 	if !loaded {
 		o.created, o.joined = true, true
-		n := &cnode{local: o.local, parent: o.parent, one: [1]uint32{o.slot}}
-		n.slots = n.one[:]
-		return n, xsync.UpdateOp
+		return cnode{parent: o.parent, single: o.slot}, xsync.UpdateOp
 	}
-	i, found := slices.BinarySearch(n.slots, o.slot)
+	var buf [1]uint32
+	ss := n.slots(&buf)
+	i, found := slices.BinarySearch(ss, o.slot)
 	if found {
 		return n, xsync.CancelOp
 	}
 	o.joined = true
-	nn := &cnode{local: n.local, parent: n.parent, children: n.children, slots: make([]uint32, len(n.slots)+1)}
-	copy(nn.slots, n.slots[:i])
-	nn.slots[i] = o.slot
-	copy(nn.slots[i+1:], n.slots[i:])
-	return nn, xsync.UpdateOp
+	return n.withSlots(slices.Insert(slices.Clip(ss), i, o.slot)), xsync.UpdateOp
 }
 
 // leave removes the slot from the node, deleting it if left empty and
 // childless.
-func (o *nodeOp) leave(n *cnode, loaded bool) (*cnode, xsync.ComputeOp) {
+func (o *nodeOp) leave(n cnode, loaded bool) (cnode, xsync.ComputeOp) {
 	if !loaded {
 		return n, xsync.CancelOp
 	}
-	i, found := slices.BinarySearch(n.slots, o.slot)
+	var buf [1]uint32
+	ss := n.slots(&buf)
+	i, found := slices.BinarySearch(ss, o.slot)
 	if !found {
 		return n, xsync.CancelOp
 	}
-	if len(n.slots) == 1 && n.children == 0 {
+	if len(ss) == 1 && n.children == 0 {
 		o.deleted, o.up = true, n.parent
-		return nil, xsync.DeleteOp
+		return n, xsync.DeleteOp
 	}
-	nn := &cnode{local: n.local, parent: n.parent, children: n.children}
-	if len(n.slots) > 1 {
-		nn.slots = slices.Delete(slices.Clone(n.slots), i, i+1)
-	}
-	return nn, xsync.UpdateOp
+	return n.withSlots(slices.Delete(slices.Clone(ss), i, i+1)), xsync.UpdateOp
 }
 
 // dropChild decrements the node's child count, deleting it if left empty
 // and childless.
-func (o *nodeOp) dropChild(n *cnode, loaded bool) (*cnode, xsync.ComputeOp) {
-	if n.children == 1 && len(n.slots) == 0 {
+func (o *nodeOp) dropChild(n cnode, _ bool) (cnode, xsync.ComputeOp) {
+	if n.children == 1 && n.single == noSlot && n.multi == nil {
 		o.deleted, o.up = true, n.parent
-		return nil, xsync.DeleteOp
+		return n, xsync.DeleteOp
 	}
 	n.children--
-	return n, xsync.CancelOp
+	return n, xsync.UpdateOp
 }
 
 // addChild increments the node's child count; the node exists, since the
 // writer creating the child holds it.
-func addChild(n *cnode, _ bool) (*cnode, xsync.ComputeOp) {
+func addChild(n cnode, _ bool) (cnode, xsync.ComputeOp) {
 	n.children++
-	return n, xsync.CancelOp
+	return n, xsync.UpdateOp
 }
+
+// unmix inverts childKey's finaliser.
+func unmix(x uint64) uint64 {
+	x ^= x >> 33
+	x *= c2inv
+	x ^= x >> 33
+	x *= c1inv
+	x ^= x >> 33
+	return x
+}
+
+// The multiplicative inverses of childKey's odd constants, mod 2^64.
+var c1inv, c2inv = inverse(0xFF51AFD7ED558CCD), inverse(0xC4CEB9FE1A85EC53)
+
+func inverse(c uint64) uint64 {
+	x := c // Newton's iteration doubles the correct low bits each step
+	for range 6 {
+		x *= 2 - c*x
+	}
+	return x
+}
+
+// localOf recovers a node's tokens hash from its key and its parent's key.
+func localOf(key, parent uint64) uint64 { return unmix(key) ^ parent*0x9E3779B97F4A7C15 }
 
 type matchScratch struct {
 	active  []uint32
@@ -184,7 +231,7 @@ func childKey(parent, local uint64) uint64 {
 // NewConcurrentTree returns an empty tree.
 func NewConcurrentTree() *ConcurrentTree {
 	t := &ConcurrentTree{
-		nodes:   xsync.NewMap[uint64, *cnode](xsync.WithPresize(1 << 12)),
+		nodes:   xsync.NewMap[uint64, cnode](xsync.WithPresize(1 << 12)),
 		workers: xsync.NewMap[kvevent.Worker, *cworker](),
 	}
 	t.slots.Store(&[]*cworker{})
@@ -248,7 +295,7 @@ func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
 			continue
 		}
 		// Join first, so that leaving old cannot delete the path just walked.
-		if t.join(key, parent, b.TokensHash, cw) {
+		if t.join(key, parent, cw) {
 			cw.lookup[b.BlockHash] = key
 			cw.size.Add(1)
 			t.size.Add(1)
@@ -265,9 +312,9 @@ func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
 
 // join adds cw to the node key, creating it (as a child of parent) if
 // needed; it reports false if cw already held the node.
-func (t *ConcurrentTree) join(key, parent, local uint64, cw *cworker) bool {
+func (t *ConcurrentTree) join(key, parent uint64, cw *cworker) bool {
 	o := &cw.op
-	o.local, o.parent, o.created, o.joined = local, parent, false, false
+	o.parent, o.created, o.joined = parent, false, false
 	t.nodes.Compute(key, cw.joinFn)
 	if o.created && parent != rootKey {
 		t.nodes.Compute(parent, addChild)
@@ -345,21 +392,23 @@ func (t *ConcurrentTree) FindMatches(local []uint64, earlyExit bool) OverlapScor
 	s := t.scratch.Get().(*matchScratch)
 	active, dropped := s.active[:0], s.dropped[:0]
 	key, depth := rootKey, 0
+	var buf [1]uint32
 	for i, h := range local {
 		key = childKey(key, h)
 		n, ok := t.nodes.Load(key)
 		if !ok {
 			break
 		}
+		ss := n.slots(&buf)
 		if i == 0 {
-			active = append(active, n.slots...)
+			active = append(active, ss...)
 		} else {
 			keep, j := active[:0], 0
 			for _, slot := range active {
-				for j < len(n.slots) && n.slots[j] < slot {
+				for j < len(ss) && ss[j] < slot {
 					j++
 				}
-				if j < len(n.slots) && n.slots[j] == slot {
+				if j < len(ss) && ss[j] == slot {
 					keep = append(keep, slot)
 				} else {
 					dropped = append(dropped, slotScore{slot, uint32(i)})
@@ -440,7 +489,7 @@ func (t *ConcurrentTree) Dump() []kvevent.RouterEvent {
 		root: rootKey,
 		key: func(k uint64) uint64 {
 			n, _ := t.nodes.Load(k)
-			return n.local
+			return localOf(k, n.parent)
 		},
 		parent: func(k uint64) uint64 {
 			n, _ := t.nodes.Load(k)

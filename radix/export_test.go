@@ -76,9 +76,15 @@ func TreeNodes(t *Tree) int {
 func ConcurrentInvariants(t *ConcurrentTree) (nodes int, err error) {
 	children := map[uint64]int32{}
 	members := 0
-	t.nodes.Range(func(k uint64, n *cnode) bool {
+	t.nodes.Range(func(k uint64, n cnode) bool {
 		nodes++
-		if len(n.slots) == 0 && n.children == 0 {
+		var buf [1]uint32
+		ss := n.slots(&buf)
+		if n.multi != nil && (len(ss) < 2 || !slices.IsSorted(ss)) {
+			err = fmt.Errorf("node %x has a bad slot array %v", k, ss)
+			return false
+		}
+		if len(ss) == 0 && n.children == 0 {
 			err = fmt.Errorf("node %x is empty and childless", k)
 			return false
 		}
@@ -89,17 +95,17 @@ func ConcurrentInvariants(t *ConcurrentTree) (nodes int, err error) {
 			}
 			children[n.parent]++
 		}
-		if childKey(n.parent, n.local) != k {
-			err = fmt.Errorf("node %x is under the wrong key", k)
+		if childKey(n.parent, localOf(k, n.parent)) != k {
+			err = fmt.Errorf("node %x does not invert", k)
 			return false
 		}
-		members += len(n.slots)
+		members += len(ss)
 		return true
 	})
 	if err != nil {
 		return nodes, err
 	}
-	t.nodes.Range(func(k uint64, n *cnode) bool {
+	t.nodes.Range(func(k uint64, n cnode) bool {
 		if n.children != children[k] {
 			err = fmt.Errorf("node %x counts %d children, has %d", k, n.children, children[k])
 		}
@@ -109,7 +115,8 @@ func ConcurrentInvariants(t *ConcurrentTree) (nodes int, err error) {
 	t.workers.Range(func(w kvevent.Worker, cw *cworker) bool {
 		for _, k := range cw.lookup {
 			n, ok := t.nodes.Load(k)
-			if _, found := slices.BinarySearch(n.slots, cw.slot); !ok || !found {
+			var buf [1]uint32
+			if _, found := slices.BinarySearch(n.slots(&buf), cw.slot); !ok || !found {
 				err = fmt.Errorf("worker %v names node %x it is not in", w, k)
 				return false
 			}
