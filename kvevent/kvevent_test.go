@@ -82,7 +82,14 @@ func TestJSONErrorsNameTheField(t *testing.T) {
 		{"unknown tier", `{"worker_id":1,"storage_tier":"gpu","event":{"event_id":1,"data":"cleared"}}`, "storage_tier", "unknown tier"},
 		{"overflow", `{"worker_id":18446744073709551616,"event":{"event_id":1,"data":"cleared"}}`, "worker_id", "cannot use"},
 		{"negative", `{"worker_id":1,"event":{"event_id":-1,"data":"cleared"}}`, "event.event_id", "cannot use"},
-		{"overflow inside a block", `{"worker_id":1,"event":{"event_id":1,"data":{"stored":{"parent_hash":null,"blocks":[{"block_hash":1e30,"tokens_hash":2}]}}}}`, "event.data.stored.blocks.block_hash", "cannot use"},
+		{"overflow inside a block", `{"worker_id":1,"event":{"event_id":1,"data":{"stored":{"parent_hash":null,"blocks":[{"block_hash":1e30,"tokens_hash":2}]}}}}`, "event.data.stored.blocks[0].block_hash", "cannot use"},
+		{"trailing garbage", `{"worker_id":1,"event":{"event_id":1,"data":"cleared"}} x`, "", "after top-level value"},
+		{"string as id", `{"worker_id":"1","event":{"event_id":1,"data":"cleared"}}`, "worker_id", "cannot use a string"},
+		{"fractional id", `{"worker_id":1.5,"event":{"event_id":1,"data":"cleared"}}`, "worker_id", "cannot use number 1.5"},
+		{"rank over u32", `{"worker_id":1,"event":{"event_id":1,"data":"cleared","dp_rank":4294967296}}`, "event.dp_rank", "uint32"},
+		{"bad removed hash", `{"worker_id":1,"event":{"event_id":1,"data":{"removed":{"block_hashes":[1,-2]}}}}`, "event.data.removed.block_hashes[1]", "cannot use number -2"},
+		{"null worker", `{"worker_id":null,"event":{"event_id":1,"data":"cleared"}}`, "worker_id", "missing"},
+		{"invalid skipped value", `{"worker_id":1,"extra":[1,},"event":{"event_id":1,"data":"cleared"}}`, "", "invalid character"},
 		{"two variants", `{"worker_id":1,"event":{"event_id":1,"data":{"stored":{"blocks":[]},"removed":{"block_hashes":[]}}}}`, "event.data", "two variants"},
 		{"missing worker", `{"event":{"event_id":1,"data":"cleared"}}`, "worker_id", "missing"},
 		{"missing event", `{"worker_id":1}`, "event", "missing"},
@@ -111,6 +118,21 @@ func TestJSONErrorsNameTheField(t *testing.T) {
 				t.Errorf("error %q: field %v, want %q", err, fe, tc.field)
 			}
 		})
+	}
+}
+
+// Dynamo may add fields (mm_extra_info on blocks, say): unknown keys are
+// skipped everywhere but in the variant object, and escapes are decoded.
+func TestJSONToleratesUnknownKeys(t *testing.T) {
+	in := `{"worker_id":7,"extra":{"a":[1,2,{"b":null}]},"storage_tier":"host\u005fpinned","event":{"event_id":1,` +
+		`"data":{"stored":{"parent_hash":null,"lora":"x","blocks":[{"block_hash":11,"mm_extra_info":{"mm_objects":[]},"tokens_hash":22}]}},"dp_rank":null}}`
+	var got RouterEvent
+	if err := json.Unmarshal([]byte(in), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := RouterEvent{WorkerID: 7, Tier: TierHostPinned, Event: Event{ID: 1, Data: Stored{Blocks: []StoredBlock{{BlockHash: 11, TokensHash: 22}}}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v", got)
 	}
 }
 
@@ -163,6 +185,23 @@ func TestReaderWriter(t *testing.T) {
 	}
 }
 
+// Without encoding/json's validation in front, the decoder's own syntax
+// errors name the field too.
+func TestDecoderSyntaxErrorsNameTheField(t *testing.T) {
+	for in, field := range map[string]string{
+		`{"worker_id":1,"extra":[1,},"event":{"event_id":1,"data":"cleared"}}`:                                                   "extra",
+		`{"worker_id":1,"event":{"event_id":1,"data":{"stored":{"blocks":[{"block_hash":1,"tokens_hash":2},{"block_hash":}]}}}}`: "event.data.stored.blocks[1].block_hash",
+		`{"worker_id":1,"event":{"event_id":1,"data":"cleared"`:                                                                  "event",
+	} {
+		var ev RouterEvent
+		err := ev.UnmarshalJSON([]byte(in))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != field {
+			t.Errorf("%s: %v, want field %q", in, err, field)
+		}
+	}
+}
+
 func TestReaderNamesTheLine(t *testing.T) {
 	in := `{"worker_id":1,"event":{"event_id":1,"data":"cleared"}}
 {"worker_id":1,"storage_tier":"tape","event":{"event_id":2,"data":"cleared"}}
@@ -191,6 +230,9 @@ func FuzzDecode(f *testing.F) {
 		var ev RouterEvent
 		if err := ev.UnmarshalJSON(b); err != nil {
 			return
+		}
+		if !json.Valid(b) {
+			t.Fatalf("accepted invalid JSON %q", b)
 		}
 		out := ev.AppendJSON(nil)
 		var again RouterEvent
