@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/puzpuzpuz/xsync/v4"
 
@@ -402,7 +403,7 @@ func (t *ConcurrentTree) FindMatches(local []uint64, earlyExit bool) OverlapScor
 		ss := n.slots(&buf)
 		if i == 0 {
 			active = append(active, ss...)
-		} else {
+		} else if !sameSlots(ss, active) { // the common case, nobody drops, is one memequal
 			keep, j := active[:0], 0
 			for _, slot := range active {
 				for j < len(ss) && ss[j] < slot {
@@ -439,6 +440,17 @@ func (t *ConcurrentTree) FindMatches(local []uint64, earlyExit bool) OverlapScor
 	s.active, s.dropped = active, dropped
 	t.scratch.Put(s)
 	return res
+}
+
+// sameSlots reports whether two slot arrays are equal, comparing their
+// bytes in one go.
+func sameSlots(a, b []uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	ab := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(a))), 4*len(a))
+	bb := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(b))), 4*len(b))
+	return string(ab) == string(bb)
 }
 
 // Dump implements Index. It must not run concurrently with writers.

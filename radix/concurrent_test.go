@@ -173,3 +173,11 @@ func TestConcurrentReadersAndWriters(t *testing.T) {
 		t.Fatalf("size %d, models %d", tree.Size(), total)
 	}
 }
+
+// A node is 24 bytes, so a map entry (8-byte key + node) is a 32-byte
+// allocation: the bytes-per-pair budget rests on it.
+func TestNodeLayout(t *testing.T) {
+	if radix.CNodeSize != 24 {
+		t.Fatalf("cnode is %d bytes, want 24", radix.CNodeSize)
+	}
+}

@@ -2,6 +2,7 @@ package radix
 
 import (
 	"slices"
+	"unsafe"
 
 	"fmt"
 	"github.com/kvradix/kvradix/kvevent"
@@ -132,3 +133,7 @@ func ConcurrentInvariants(t *ConcurrentTree) (nodes int, err error) {
 	}
 	return nodes, err
 }
+
+// CNodeSize is the size of a ConcurrentTree node, held by value in the
+// map's entries.
+const CNodeSize = unsafe.Sizeof(cnode{})
