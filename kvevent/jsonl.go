@@ -2,10 +2,10 @@ package kvevent
 
 import (
 	"bufio"
-	"bytes"
-	"errors"
 	"fmt"
 	"io"
+
+	"github.com/kvradix/kvradix/internal/lines"
 )
 
 // MaxLineBytes bounds one JSON Lines record; longer lines are an error.
@@ -14,14 +14,12 @@ const MaxLineBytes = 64 << 20
 // Reader decodes a JSON Lines stream of RouterEvents, one per line. Blank
 // lines are skipped. It is not safe for concurrent use.
 type Reader struct {
-	br   *bufio.Reader
-	line int
-	buf  []byte
+	lr *lines.Reader
 }
 
 // NewReader returns a Reader over r.
 func NewReader(r io.Reader) *Reader {
-	return &Reader{br: bufio.NewReaderSize(r, 64<<10)}
+	return &Reader{lr: lines.NewReader(r, MaxLineBytes)}
 }
 
 // LineError is a decoding error with the 1-based line it happened on.
@@ -37,52 +35,19 @@ func (e *LineError) Unwrap() error { return e.Err }
 // *LineError naming the line (and, through a wrapped *FieldError, the field)
 // for malformed input.
 func (r *Reader) Next() (RouterEvent, error) {
-	for {
-		line, err := r.readLine()
-		if err != nil {
-			return RouterEvent{}, err
-		}
-		line = bytes.TrimSpace(line)
-		if len(line) == 0 {
-			continue
-		}
-		var ev RouterEvent
-		if err := ev.UnmarshalJSON(line); err != nil {
-			return RouterEvent{}, &LineError{Line: r.line, Err: err}
-		}
-		return ev, nil
+	line, err := r.lr.Next()
+	if err != nil {
+		return RouterEvent{}, err
 	}
+	var ev RouterEvent
+	if err := ev.UnmarshalJSON(line); err != nil {
+		return RouterEvent{}, &LineError{Line: r.lr.Line(), Err: err}
+	}
+	return ev, nil
 }
 
 // Line returns the number of the last line read.
-func (r *Reader) Line() int { return r.line }
-
-func (r *Reader) readLine() ([]byte, error) {
-	r.buf = r.buf[:0]
-	for {
-		chunk, err := r.br.ReadSlice('\n')
-		r.buf = append(r.buf, chunk...)
-		if len(r.buf) > MaxLineBytes {
-			r.line++
-			return nil, &LineError{Line: r.line, Err: fmt.Errorf("line longer than %d bytes", MaxLineBytes)}
-		}
-		switch {
-		case err == nil:
-			r.line++
-			return r.buf, nil
-		case errors.Is(err, bufio.ErrBufferFull):
-			continue
-		case errors.Is(err, io.EOF):
-			if len(r.buf) == 0 {
-				return nil, io.EOF
-			}
-			r.line++
-			return r.buf, nil
-		default:
-			return nil, err
-		}
-	}
-}
+func (r *Reader) Line() int { return r.lr.Line() }
 
 // Writer encodes RouterEvents as JSON Lines. Call Flush when done. It is not
 // safe for concurrent use.

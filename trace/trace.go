@@ -9,13 +9,14 @@
 package trace
 
 import (
-	"bufio"
 	"bytes"
 	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/kvradix/kvradix/internal/lines"
 )
 
 // TraceBlockSize is the number of tokens a trace hash id stands for.
@@ -41,13 +42,15 @@ func Default() io.Reader { return bytes.NewReader(conversation) }
 // Reader streams requests from a JSON Lines trace; it holds one line at a
 // time, so a trace of any size streams. It is not safe for concurrent use.
 type Reader struct {
-	br   *bufio.Reader
+	lr   *lines.Reader
 	line int
-	buf  []byte
 }
 
+// MaxLineBytes bounds one trace line.
+const MaxLineBytes = 64 << 20
+
 // NewReader returns a Reader over r.
-func NewReader(r io.Reader) *Reader { return &Reader{br: bufio.NewReaderSize(r, 256<<10)} }
+func NewReader(r io.Reader) *Reader { return &Reader{lr: lines.NewReader(r, MaxLineBytes)} }
 
 // LineError is an error in one line of a trace.
 type LineError struct {
@@ -77,17 +80,12 @@ var errMissing = errors.New("missing")
 // Next returns the next request, io.EOF after the last, or a *LineError
 // naming the line and field of a malformed one. Blank lines are skipped.
 func (r *Reader) Next() (Request, error) {
-	for {
-		line, err := r.readLine()
-		if err != nil {
-			return Request{}, err
-		}
-		line = bytes.TrimSpace(line)
-		if len(line) == 0 {
-			continue
-		}
-		return r.parse(line)
+	line, err := r.lr.Next()
+	if err != nil {
+		return Request{}, err
 	}
+	r.line = r.lr.Line()
+	return r.parse(line)
 }
 
 func (r *Reader) parse(line []byte) (Request, error) {
@@ -123,29 +121,6 @@ func (r *Reader) parse(line []byte) (Request, error) {
 			len(*w.HashIDs), *w.InputLength, *w.InputLength, TraceBlockSize, want))
 	}
 	return Request{Timestamp: *w.Timestamp, InputLength: *w.InputLength, OutputLength: *w.OutputLength, HashIDs: *w.HashIDs}, nil
-}
-
-func (r *Reader) readLine() ([]byte, error) {
-	r.buf = r.buf[:0]
-	for {
-		chunk, err := r.br.ReadSlice('\n')
-		r.buf = append(r.buf, chunk...)
-		switch {
-		case err == nil:
-			r.line++
-			return r.buf, nil
-		case errors.Is(err, bufio.ErrBufferFull):
-			continue
-		case errors.Is(err, io.EOF):
-			if len(r.buf) == 0 {
-				return nil, io.EOF
-			}
-			r.line++
-			return r.buf, nil
-		default:
-			return nil, err
-		}
-	}
 }
 
 // ReadAll reads every request of r.
