@@ -249,7 +249,7 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	res := ingestResult{
 		Engines: len(engs), Events: total, Batches: nBatches * len(engs), BlocksPerEvent: *blocks, BlockSize: *blockSize,
 		ElapsedS: elapsed.Seconds(), EventsS: float64(total) / elapsed.Seconds(),
-		BlocksS:       float64(st.Convert.Stored)*float64(*blocks)/elapsed.Seconds() + 0,
+		BlocksS:       float64(st.Convert.Stored) * float64(*blocks) / elapsed.Seconds(),
 		DecodeNsEvent: decodeNs, DroppedBatches: int(dropped.Load()),
 		GapsFound: st.GapsFound, GapsRepaired: st.GapsRepaired, GapsLost: st.GapsLost, BatchesLost: st.BatchesLost,
 		Replayed: st.Replayed, Restarts: st.Restarts, Rejected: st.Convert.Rejected() + pool.Stats().Rejected(),

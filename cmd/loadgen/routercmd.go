@@ -218,7 +218,27 @@ func driveRouter(r *router.Router, reqs []trace.Request, rate float64, window ti
 			}
 		}()
 	}
-	wg.Wait()
+	// One progress line a second until the clients are done.
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	tick := time.NewTicker(time.Second)
+	last, lastDone := start, int64(0)
+progress:
+	for {
+		select {
+		case <-finished:
+			break progress
+		case now := <-tick.C:
+			d, depth := done.Load(), 0
+			if ix := r.Indexer(); ix != nil {
+				depth = ix.Stats().QueueDepth
+			}
+			fmt.Fprintf(progress, "%s: %5.1fs %8.0f req/s, queue depth %d\n", res.Mode, now.Sub(start).Seconds(),
+				float64(d-lastDone)/now.Sub(last).Seconds(), depth)
+			last, lastDone = now, d
+		}
+	}
+	tick.Stop()
 	if err := r.Flush(); err != nil && firstErr == nil {
 		firstErr = err
 	}
