@@ -97,6 +97,7 @@ type endpoint struct {
 	conv    *Converter
 	msgs    chan zmq4.Msg
 	flushes chan chan struct{}
+	stopped chan struct{} // closed when the processing goroutine ends
 
 	// owned by the endpoint's processing goroutine
 	started  bool
@@ -122,7 +123,7 @@ func NewSubscriber(idx shardpool.Indexer, cfg SubscriberConfig, eps ...Endpoint)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Subscriber{idx: idx, cfg: cfg, ctx: ctx, cancel: cancel}
 	for _, ep := range eps {
-		e := &endpoint{cfg: ep, conv: NewConverter(ep.Worker, cfg.BlockSize), msgs: make(chan zmq4.Msg, 1<<12), flushes: make(chan chan struct{})}
+		e := &endpoint{cfg: ep, conv: NewConverter(ep.Worker, cfg.BlockSize), msgs: make(chan zmq4.Msg, 1<<12), flushes: make(chan chan struct{}), stopped: make(chan struct{})}
 		e.sub = zmq4.NewSub(ctx, zmq4.WithDialerRetry(50*time.Millisecond), zmq4.WithAutomaticReconnect(true))
 		var err error
 		if ep.Listen {
@@ -165,6 +166,7 @@ func (s *Subscriber) receive(e *endpoint) {
 
 func (s *Subscriber) process(e *endpoint) {
 	defer s.wg.Done()
+	defer close(e.stopped)
 	for {
 		select {
 		case msg, ok := <-e.msgs:
@@ -405,6 +407,7 @@ func (s *Subscriber) Flush() error {
 		select {
 		case e.flushes <- done:
 			<-done
+		case <-e.stopped: // its socket ended: everything it received is applied
 		case <-s.ctx.Done():
 			return ErrClosed
 		}
