@@ -13,10 +13,13 @@ test:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -timeout 20m $(PKGS)
 
+# staticcheck is fetched through the module proxy (not a dependency of the module).
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt wants to rewrite: $$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) mod tidy -diff
+	$(GO) run $(STATICCHECK) $(PKGS)
 
 # A short run of every fuzz target, one at a time (go test -fuzz takes one).
 fuzz:

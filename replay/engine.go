@@ -47,7 +47,6 @@ type cblock struct {
 // request is a request's state inside an engine.
 type request struct {
 	id       uuid.UUID
-	index    int // in the trace
 	arrival  float64
 	isl, osl int
 	local    []uint64 // tokens hashes of the complete prompt blocks

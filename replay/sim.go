@@ -318,7 +318,7 @@ func (s *sim) arrive(i int, tr trace.Request, tokens []uint32, res *Result) []ui
 	binary.BigEndian.PutUint64(id[8:], uint64(i)+1)
 	tokens = trace.Tokens(tokens, tr)
 	local := hashing.LocalHashes(nil, tokens, s.cfg.BlockSize, hashing.Options{})
-	r := &request{id: id, index: i, arrival: s.now, isl: tr.InputLength, osl: tr.OutputLength, local: local, seq: hashing.SequenceHashes(nil, local)}
+	r := &request{id: id, arrival: s.now, isl: tr.InputLength, osl: tr.OutputLength, local: local, seq: hashing.SequenceHashes(nil, local)}
 	s.reqs[i] = r
 	e0 := s.engines[0]
 	if e0.blocksFor(r.isl, r.osl) > s.cfg.Blocks {

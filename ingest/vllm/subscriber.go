@@ -100,7 +100,6 @@ type endpoint struct {
 	stopped chan struct{} // closed when the processing goroutine ends
 
 	// owned by the endpoint's processing goroutine
-	started  bool
 	expected uint64
 	lastHash uint64
 	holes    bool // the current repair lost batches
