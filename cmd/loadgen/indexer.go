@@ -77,6 +77,22 @@ type Latencies struct {
 	P999 float64 `json:"p999"`
 }
 
+// latencies merges per-goroutine samples into percentiles, in µs.
+func latencies(lat [][]time.Duration) Latencies {
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	if len(all) == 0 {
+		return Latencies{}
+	}
+	slices.Sort(all)
+	pct := func(p float64) float64 {
+		return float64(all[min(len(all)-1, int(p*float64(len(all))))].Nanoseconds()) / 1e3
+	}
+	return Latencies{P50: pct(0.5), P99: pct(0.99), P999: pct(0.999)}
+}
+
 type indexerResult struct {
 	Impl             string    `json:"impl"`
 	Lanes            int       `json:"lanes"`
@@ -402,25 +418,13 @@ wait:
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
 
-	var all []time.Duration
-	for _, l := range lat {
-		all = append(all, l...)
-	}
-	slices.Sort(all)
-	pct := func(p float64) float64 {
-		if len(all) == 0 {
-			return 0
-		}
-		i := min(len(all)-1, int(p*float64(len(all))))
-		return float64(all[i].Nanoseconds()) / 1e3
-	}
 	r := indexerResult{
 		Impl: im.name, Lanes: im.lanes, DurationS: window.Seconds(), ElapsedS: elapsed.Seconds(),
 		Ops: len(t.ops), Events: t.events, Matches: t.matches,
 		OfferedOpsS:      float64(len(t.ops)) / window.Seconds(),
 		AchievedOpsS:     float64(done.Load()) / max(elapsed, window).Seconds(),
 		AchievedBlockOpS: float64(t.blocks) * float64(done.Load()) / float64(max(len(t.ops), 1)) / max(elapsed, window).Seconds(),
-		FindMatchesUs:    Latencies{P50: pct(0.5), P99: pct(0.99), P999: pct(0.999)},
+		FindMatchesUs:    latencies(lat),
 		EventsQueuedFrac: queuedFrac,
 		Pairs:            st.Pairs,
 		Rejected:         st.Rejected(),

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -248,18 +247,7 @@ progress:
 	elapsed := time.Since(start)
 	res.ElapsedS = elapsed.Seconds()
 	res.AchievedRPS = float64(done.Load()) / max(elapsed, window).Seconds()
-	var all []time.Duration
-	for _, l := range lat {
-		all = append(all, l...)
-	}
-	slices.Sort(all)
-	pct := func(p float64) float64 {
-		if len(all) == 0 {
-			return 0
-		}
-		return float64(all[min(len(all)-1, int(p*float64(len(all))))].Nanoseconds()) / 1e3
-	}
-	res.DecisionUs = Latencies{P50: pct(0.5), P99: pct(0.99), P999: pct(0.999)}
+	res.DecisionUs = latencies(lat)
 	if ix := r.Indexer(); ix != nil {
 		st := ix.Stats()
 		res.Events, res.Rejected = st.Applied+st.Rejected(), st.Rejected()
