@@ -4,6 +4,7 @@
 package radixtest
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"maps"
@@ -167,10 +168,7 @@ func (m *Model) Workers() []kvevent.Worker {
 		}
 	}
 	slices.SortFunc(ws, func(a, b kvevent.Worker) int {
-		if a.ID != b.ID {
-			return int(a.ID) - int(b.ID)
-		}
-		return int(a.DPRank) - int(b.DPRank)
+		return cmp.Or(cmp.Compare(a.ID, b.ID), cmp.Compare(a.DPRank, b.DPRank))
 	})
 	return ws
 }
