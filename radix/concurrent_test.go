@@ -11,34 +11,67 @@ import (
 	"github.com/kvradix/kvradix/radix/radixtest"
 )
 
-// TestConcurrentTreeStructure checks the node map after every step of random
-// streams; removing every worker must leave no node.
-func TestConcurrentTreeStructure(t *testing.T) {
-	for seed := range uint64(10) {
-		g := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, 2)), Model: radixtest.NewModel()}
-		tree := radix.NewConcurrentTree()
-		for i := range 400 {
-			radixtest.Step(t, tree, g)
-			if _, err := radix.ConcurrentInvariants(tree); err != nil {
-				t.Fatalf("seed %d step %d: %v", seed, i, err)
+// concurrentImpl is one concurrent index with its structural check, which
+// returns how many nodes (or runs) it holds.
+type concurrentImpl struct {
+	name       string
+	new        func() radix.ConcurrentIndex
+	invariants func(radix.ConcurrentIndex) (int, error)
+}
+
+var concurrentImpls = []concurrentImpl{
+	{"concurrent", func() radix.ConcurrentIndex { return radix.NewConcurrentTree() },
+		func(i radix.ConcurrentIndex) (int, error) {
+			return radix.ConcurrentInvariants(i.(*radix.ConcurrentTree))
+		}},
+	{"compressed", func() radix.ConcurrentIndex { return radix.NewCompressedTree() },
+		func(i radix.ConcurrentIndex) (int, error) {
+			return radix.CompressedInvariants(i.(*radix.CompressedTree))
+		}},
+	{"compressed-colliding", func() radix.ConcurrentIndex { return radix.NewCompressedTreeColliding() },
+		func(i radix.ConcurrentIndex) (int, error) {
+			return radix.CompressedInvariants(i.(*radix.CompressedTree))
+		}},
+}
+
+// TestConcurrentStructure checks each concurrent index's structure after
+// every step of random streams; removing every worker must leave nothing.
+func TestConcurrentStructure(t *testing.T) {
+	for _, im := range concurrentImpls {
+		t.Run(im.name, func(t *testing.T) {
+			for seed := range uint64(10) {
+				g := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, 2)), Model: radixtest.NewModel()}
+				tree := im.new()
+				for i := range 400 {
+					radixtest.Step(t, tree, g)
+					if _, err := im.invariants(tree); err != nil {
+						t.Fatalf("seed %d step %d: %v", seed, i, err)
+					}
+				}
+				for id := range kvevent.WorkerID(3) {
+					tree.RemoveWorker(id)
+				}
+				if n, err := im.invariants(tree); n != 0 || err != nil || tree.Size() != 0 {
+					t.Fatalf("seed %d: %d nodes, %d pairs left after removing every worker (%v)", seed, n, tree.Size(), err)
+				}
 			}
-		}
-		for id := range kvevent.WorkerID(3) {
-			tree.RemoveWorker(id)
-		}
-		if n, err := radix.ConcurrentInvariants(tree); n != 0 || err != nil || tree.Size() != 0 {
-			t.Fatalf("seed %d: %d nodes, %d pairs left after removing every worker (%v)", seed, n, tree.Size(), err)
-		}
+		})
 	}
 }
 
-// TestDifferential applies the same random streams to the baseline and the
-// concurrent tree and compares their answers to random queries after each
+// TestDifferential applies the same random streams to the baseline and each
+// concurrent index and compares their answers to random queries after each
 // step, and their whole states through Dump.
 func TestDifferential(t *testing.T) {
+	for _, im := range concurrentImpls {
+		t.Run(im.name, func(t *testing.T) { differential(t, im.new) })
+	}
+}
+
+func differential(t *testing.T, newIndex func() radix.ConcurrentIndex) {
 	for seed := range uint64(30) {
 		g := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, 3)), Model: radixtest.NewModel()}
-		base, conc := radix.NewTree(), radix.NewConcurrentTree()
+		base, conc := radix.NewTree(), newIndex()
 		r := rand.New(rand.NewPCG(seed, 4))
 		for step := range 300 {
 			op := g.Next()
@@ -87,8 +120,14 @@ func TestDifferential(t *testing.T) {
 // reader may score it higher; at the end the tree must equal each writer's
 // own model.
 func TestConcurrentReadersAndWriters(t *testing.T) {
+	for _, im := range concurrentImpls {
+		t.Run(im.name, func(t *testing.T) { readersAndWriters(t, im) })
+	}
+}
+
+func readersAndWriters(t *testing.T, im concurrentImpl) {
 	const writers, readers, steps = 4, 4, 2000
-	tree := radix.NewConcurrentTree()
+	tree := im.new()
 	models := make([]*radixtest.Model, writers)
 	var wg, rg sync.WaitGroup
 	stop := make(chan struct{})
@@ -154,7 +193,7 @@ func TestConcurrentReadersAndWriters(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	rg.Wait()
-	if _, err := radix.ConcurrentInvariants(tree); err != nil {
+	if _, err := im.invariants(tree); err != nil {
 		t.Fatal(err)
 	}
 	total := 0

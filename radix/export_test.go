@@ -1,10 +1,11 @@
 package radix
 
 import (
+	"fmt"
+	"math/bits"
 	"slices"
 	"unsafe"
 
-	"fmt"
 	"github.com/kvradix/kvradix/kvevent"
 )
 
@@ -137,3 +138,119 @@ func ConcurrentInvariants(t *ConcurrentTree) (nodes int, err error) {
 // CNodeSize is the size of a ConcurrentTree node, held by value in the
 // map's entries.
 const CNodeSize = unsafe.Sizeof(cnode{})
+
+// NewCompressedTreeColliding returns a CompressedTree whose edge keys take
+// only four values, so nearly every lookup walks a collision chain.
+func NewCompressedTreeColliding() *CompressedTree {
+	t := NewCompressedTree()
+	t.edgeMask = 3
+	return t
+}
+
+// CompressedInvariants checks a quiescent CompressedTree: every run is
+// reachable where it hangs, holds someone or has children, is exactly as
+// long as what is needed of it; holders' cuts, tops and counts agree with
+// their bitsets; and the workers' tables name exactly the held positions.
+func CompressedInvariants(t *CompressedTree) (runs int, err error) {
+	kids := map[*crun]map[uint32]uint32{}
+	members := 0
+	for id, r := range t.runs {
+		if r == nil {
+			continue
+		}
+		runs++
+		if r.id != uint32(id) {
+			return runs, fmt.Errorf("run %d has id %d", id, r.id)
+		}
+		if t.child(r.parent, r.parentOff, r.first) != r {
+			return runs, fmt.Errorf("run %d is not found where it hangs", id)
+		}
+		if p := r.parent; p != nil {
+			if t.runs[p.id] != p {
+				return runs, fmt.Errorf("run %d hangs from a deleted run", id)
+			}
+			if r.parentOff >= p.n.Load() {
+				return runs, fmt.Errorf("run %d hangs past its parent's end", id)
+			}
+			if int(r.parentOff)+1 < len(p.view()) && p.view()[r.parentOff+1] == r.first {
+				return runs, fmt.Errorf("run %d duplicates its parent's next block", id)
+			}
+			if kids[p] == nil {
+				kids[p] = map[uint32]uint32{}
+			}
+			kids[p][r.parentOff]++
+		}
+		if r.view()[0] != r.first {
+			return runs, fmt.Errorf("run %d: first block %x, edge says %x", id, r.view()[0], r.first)
+		}
+		hs := r.holderArray()
+		for i := range hs {
+			h := &hs[i]
+			if i > 0 && hs[i-1].w.slot >= h.w.slot {
+				return runs, fmt.Errorf("run %d: holders not sorted by slot", id)
+			}
+			if t.workers[h.w.worker] != h.w {
+				return runs, fmt.Errorf("run %d holds forgotten worker %v", id, h.w.worker)
+			}
+			cnt := uint32(0)
+			for _, w := range h.bits {
+				cnt += uint32(bits.OnesCount64(w))
+			}
+			cut := uint32(0)
+			for h.has(cut) {
+				cut++
+			}
+			if cnt != h.held || cnt == 0 || h.top != highestBit(h.bits) || h.cut != cut || h.top > r.n.Load() {
+				return runs, fmt.Errorf("run %d worker %v: held %d/%d top %d/%d cut %d/%d n %d", id, h.w.worker, h.held, cnt, h.top, highestBit(h.bits), h.cut, cut, r.n.Load())
+			}
+			members += int(cnt)
+		}
+		if len(hs) == 0 && len(r.kids) == 0 {
+			return runs, fmt.Errorf("run %d is empty and childless", id)
+		}
+		if r.extent() != r.n.Load() {
+			return runs, fmt.Errorf("run %d: length %d, needed %d", id, r.n.Load(), r.extent())
+		}
+	}
+	for _, r := range t.runs {
+		if r == nil {
+			continue
+		}
+		want := kids[r]
+		if len(want) != len(r.kids) {
+			return runs, fmt.Errorf("run %d counts children at %d positions, has %d", r.id, len(r.kids), len(want))
+		}
+		for _, k := range r.kids {
+			if want[k.off] != k.n {
+				return runs, fmt.Errorf("run %d counts %d children at %d, has %d", r.id, k.n, k.off, want[k.off])
+			}
+		}
+	}
+	pairs := 0
+	for w, xw := range t.workers {
+		if xw.worker != w || xw.eng.len() == 0 {
+			return runs, fmt.Errorf("worker %v registered with %d blocks", w, xw.eng.len())
+		}
+		xw.eng.each(func(h, loc uint64) {
+			r, off := t.unpack(loc)
+			i, found := holderOf(r.holderArray(), xw)
+			if err == nil && (!found || !r.holderArray()[i].has(off)) {
+				err = fmt.Errorf("worker %v hash %x names a block it does not hold", w, h)
+			}
+		})
+		if int(xw.size.Load()) != xw.eng.len() {
+			err = fmt.Errorf("worker %v size %d, table %d", w, xw.size.Load(), xw.eng.len())
+		}
+		if err != nil {
+			return runs, err
+		}
+		pairs += xw.eng.len()
+	}
+	if pairs != members || pairs != t.Size() {
+		return runs, fmt.Errorf("%d hashes, %d memberships, size %d", pairs, members, t.Size())
+	}
+	if n := t.heads.Size(); n > runs {
+		return runs, fmt.Errorf("%d map entries for %d runs", n, runs)
+	}
+	return runs, nil
+}

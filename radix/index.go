@@ -3,8 +3,9 @@
 // worker holds.
 //
 // Every index implements Index with the same semantics; Tree is the plainly
-// written single-threaded reference and ConcurrentTree the lock-sharded one
-// safe for concurrent readers. Package radixtest holds the conformance suite
+// written single-threaded reference; ConcurrentTree (one hash-table entry per
+// block) and CompressedTree (one array per run of blocks) are safe for
+// concurrent readers (ConcurrentIndex). Package radixtest holds the conformance suite
 // both pass and the naive model they are checked against.
 //
 // # Semantics
@@ -92,6 +93,27 @@ type Index interface {
 	// its Removed.
 	Dump() []kvevent.RouterEvent
 }
+
+// ConcurrentIndex is an Index that lets FindMatches, Size and its workers'
+// tree sizes run from any number of goroutines while events are applied,
+// provided the events of one worker id (and its RemoveWorker) come from one
+// goroutine at a time. ConcurrentTree and CompressedTree implement it;
+// shardpool.Pool drives either. Dump must not run concurrently with
+// writers. The interface is sealed (Tree has the same methods but not the
+// contract): every implementation lives here and runs the concurrent stress
+// test.
+type ConcurrentIndex interface {
+	Index
+	concurrent()
+}
+
+func (*ConcurrentTree) concurrent() {}
+func (*CompressedTree) concurrent() {}
+
+var (
+	_ ConcurrentIndex = (*ConcurrentTree)(nil)
+	_ ConcurrentIndex = (*CompressedTree)(nil)
+)
 
 // newScores returns empty result maps sized for n workers.
 func newScores(n int) OverlapScores {

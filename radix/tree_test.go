@@ -2,9 +2,9 @@ package radix_test
 
 import (
 	"math/rand/v2"
+	"testing"
 
 	"github.com/kvradix/kvradix/kvevent"
-	"testing"
 
 	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/radix/radixtest"
@@ -14,21 +14,8 @@ func TestTreeConformance(t *testing.T) {
 	radixtest.Run(t, func() radix.Index { return radix.NewTree() })
 }
 
-// FuzzTree decodes the input into a command stream and checks the tree
-// against the model after every command.
 func FuzzTree(f *testing.F) {
-	f.Add([]byte{0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
-	f.Add([]byte{1, 1, 3, 0, 2, 2, 2, 1, 1, 10, 1, 0, 0, 0, 14, 0, 1})
-	f.Fuzz(func(t *testing.T, data []byte) {
-		src := &radixtest.Bytes{B: data}
-		g := &radixtest.Gen{Src: src, Model: radixtest.NewModel()}
-		idx := radix.NewTree()
-		for !src.Exhausted() {
-			if !radixtest.Step(t, idx, g) {
-				return
-			}
-		}
-	})
+	fuzzIndex(f, func() radix.Index { return radix.NewTree() })
 }
 
 // TestTreeStructure runs random streams and checks the tree's links after
@@ -57,11 +44,29 @@ func TestConcurrentTreeConformance(t *testing.T) {
 }
 
 func FuzzConcurrentTree(f *testing.F) {
+	fuzzIndex(f, func() radix.Index { return radix.NewConcurrentTree() })
+}
+
+func TestCompressedTreeConformance(t *testing.T) {
+	radixtest.Run(t, func() radix.Index { return radix.NewCompressedTree() })
+	t.Run("colliding", func(t *testing.T) {
+		radixtest.Run(t, func() radix.Index { return radix.NewCompressedTreeColliding() })
+	})
+}
+
+func FuzzCompressedTree(f *testing.F) {
+	fuzzIndex(f, func() radix.Index { return radix.NewCompressedTree() })
+}
+
+// fuzzIndex decodes each input into a command stream and checks the index
+// against the model after every command.
+func fuzzIndex(f *testing.F, newIndex func() radix.Index) {
 	f.Add([]byte{0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add([]byte{1, 1, 3, 0, 2, 2, 2, 1, 1, 10, 1, 0, 0, 0, 14, 0, 1})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		src := &radixtest.Bytes{B: data}
 		g := &radixtest.Gen{Src: src, Model: radixtest.NewModel()}
-		idx := radix.NewConcurrentTree()
+		idx := newIndex()
 		for !src.Exhausted() {
 			if !radixtest.Step(t, idx, g) {
 				return

@@ -1,0 +1,753 @@
+package radix
+
+import (
+	"fmt"
+	"math/bits"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/puzpuzpuz/xsync/v4"
+
+	"github.com/kvradix/kvradix/kvevent"
+)
+
+// CompressedTree is the run-compressed exact index: consecutive blocks live
+// in one contiguous array, so a request is compared against a run of blocks
+// with one memory access and a memequal, and a worker's claim on a run is
+// one number, not one map entry per block.
+//
+// # Layout
+//
+// A run is a path segment: the tokens hashes of consecutive blocks, and the
+// workers holding any of them. A run hangs from a position of its parent
+// run (any position, not only the last), found through one concurrent map
+// keyed by a 64-bit mix of (parent run, parent position, first tokens
+// hash); top-level runs hang from the root (a nil parent). The run records
+// its edge and a lookup checks it, so the index stays exact even when two
+// edges' keys collide: the map entry is then a chain of runs. A block is a (run, offset) pair for its
+// whole life: runs are never split, so nothing that names a block has to
+// be rewritten when the tree changes.
+//
+// Runs split where paths diverge, and only there: a Stored block extends
+// its parent's run in place when the parent is the run's last block and no
+// child run already starts with that block; it continues inside the run
+// when the run's next block has its tokens hash; otherwise it starts (or
+// enters) a child run. So the block after position p of a run is either
+// the run's own next block or the first block of a child run, never both,
+// and every path has exactly one place. Long shared prefixes (system
+// prompts, earlier turns) become single runs; each divergence costs one
+// map entry.
+//
+// Each holder of a run is a worker with
+//
+//   - cut: how many of the run's leading blocks it holds without a gap.
+//     Lookups read only this: a request entering the run matches m blocks
+//     by memequal, and a worker scores min(cut, m) there.
+//   - a bitset of the positions it holds (holes included), its count and
+//     the highest: the exact state, so that a hole refilled restores the
+//     cut, and a run's unheld tail can be trimmed.
+//
+// A run's holders are an immutable array sorted by worker slot (copied when
+// a worker joins or leaves the run); cuts are updated in place,
+// atomically. Worker slots are small integers reused after a worker is
+// forgotten; holders point at the worker itself, so a slot reused while a
+// reader is mid-walk is never credited to the new worker.
+//
+// A run whose tail no worker holds and no child hangs from is trimmed; a run
+// left with no holders and no children is deleted, and its parent settled
+// in turn. So memory follows what is held: removing every worker leaves an
+// empty tree.
+//
+// Each worker maps its engine block hashes to blocks in a compact
+// open-addressing table (16 bytes an entry). Apart from that table, a held
+// block costs one bit; a distinct block costs its 8-byte tokens hash.
+//
+// # Concurrency contract
+//
+//   - Writers (Apply, RemoveWorker) may be called from any goroutines; they
+//     serialise on one mutex, held for one event. (shardpool.Pool pins each
+//     worker to a lane, which this index does not need but does not mind.)
+//   - FindMatches, Size and TreeSizes may run at any time from any number of
+//     goroutines; they take no lock and write nothing shared. A reader sees
+//     each run's length, tokens hashes, holder array and each cut as values
+//     that existed at some moment, but different runs (and different cuts)
+//     at different moments: mid-event, a reader may see some of an event's
+//     blocks and not others. A worker's cut only ever counts blocks it held
+//     without a gap when the cut was written, and a reader scores a worker
+//     only through runs whose cut it read, so a score never exceeds the
+//     prefix the worker stored.
+//   - Dump takes the writers' mutex.
+type CompressedTree struct {
+	heads    *xsync.Map[uint64, *crun] // edgeKey -> runs hanging there (a chain on collisions)
+	edgeMask uint64                    // ^0; tests narrow it to force collisions
+	size     atomic.Int64
+	scratch  sync.Pool // *cmatchScratch
+
+	mu       sync.Mutex // guards everything below, and every run's writer-side state
+	runs     []*crun    // run id -> run; id 0 is never used
+	freeRuns []uint32
+	workers  map[kvevent.Worker]*xworker
+	freeSlot []uint32
+	slots    uint32 // slots handed out so far
+	serials  uint64 // runs created so far
+}
+
+// crun is one run of blocks.
+type crun struct {
+	// Read by lookups. keys is the backing array (len = capacity); only
+	// its first n entries are blocks. An array is never written below a
+	// length a reader may have seen: trimming replaces the array.
+	keys    atomic.Pointer[[]uint64]
+	n       atomic.Uint32
+	holders atomic.Pointer[[]holder] // sorted by slot; immutable but for cuts
+	collide atomic.Pointer[crun]     // the next run whose edge has the same key
+
+	// Where the run hangs; immutable.
+	parent    *crun // nil: the root
+	parentOff uint32
+	first     uint64 // the first block's tokens hash
+	serial    uint64 // unique for the tree's life, unlike id
+
+	// Writer-side, under the tree's mutex.
+	id   uint32
+	kids []kidCount // child runs per position, by position
+}
+
+// edgeKey mixes where a run hangs into its map key (murmur3's finaliser).
+func (t *CompressedTree) edgeKey(parent *crun, off uint32, key uint64) uint64 {
+	var ps uint64
+	if parent != nil {
+		ps = parent.serial
+	}
+	x := key ^ ps*0x9E3779B97F4A7C15 ^ uint64(off)*0xC2B2AE3D27D4EB4F
+	x ^= x >> 33
+	x *= 0xFF51AFD7ED558CCD
+	x ^= x >> 33
+	x *= 0xC4CEB9FE1A85EC53
+	x ^= x >> 33
+	return x & t.edgeMask
+}
+
+// child returns the run hanging from position off of parent whose first
+// block is key, or nil.
+func (t *CompressedTree) child(parent *crun, off uint32, key uint64) *crun {
+	r, _ := t.heads.Load(t.edgeKey(parent, off, key))
+	for r != nil && (r.parent != parent || r.parentOff != off || r.first != key) {
+		r = r.collide.Load()
+	}
+	return r
+}
+
+// kidCount counts the child runs hanging from one position.
+type kidCount struct{ off, n uint32 }
+
+// holder is a worker's claim on a run. Readers read w and cut (atomically);
+// the rest is the writer's.
+type holder struct {
+	w    *xworker
+	cut  uint32 // leading positions held without a gap; atomic
+	top  uint32 // highest position held + 1
+	held uint32 // positions held
+	bits []uint64
+}
+
+func (h *holder) has(off uint32) bool {
+	i := int(off / 64)
+	return i < len(h.bits) && h.bits[i]&(1<<(off%64)) != 0
+}
+
+// xworker is one cache owner (a worker id and rank).
+type xworker struct {
+	worker kvevent.Worker
+	slot   uint32
+	size   atomic.Int64 // blocks held
+	eng    engineTable  // engine hash -> location; the writer's
+}
+
+// A location packs a run id (high half, >= 1) and an offset; 0 is the root.
+func pack(r *crun, off uint32) uint64 { return uint64(r.id)<<32 | uint64(off) }
+
+func (t *CompressedTree) unpack(loc uint64) (*crun, uint32) {
+	return t.runs[loc>>32], uint32(loc)
+}
+
+// view returns the run's blocks as a reader may see them.
+func (r *crun) view() []uint64 {
+	n := r.n.Load()
+	ks := *r.keys.Load()
+	return ks[:min(int(n), len(ks))]
+}
+
+func (r *crun) holderArray() []holder {
+	if p := r.holders.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// NewCompressedTree returns an empty tree.
+func NewCompressedTree() *CompressedTree {
+	t := &CompressedTree{
+		heads:    xsync.NewMap[uint64, *crun](),
+		edgeMask: ^uint64(0),
+		runs:     []*crun{nil},
+		workers:  map[kvevent.Worker]*xworker{},
+	}
+	t.scratch.New = func() any { return &cmatchScratch{} }
+	return t
+}
+
+// Apply implements Index. See the type's concurrency contract.
+func (t *CompressedTree) Apply(ev kvevent.RouterEvent) error {
+	w := ev.Worker()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch d := ev.Event.Data.(type) {
+	case kvevent.Stored:
+		return t.store(w, d)
+	case kvevent.Removed:
+		return t.remove(w, d.BlockHashes)
+	case kvevent.Cleared:
+		if xw := t.workers[w]; xw != nil {
+			t.forget(xw)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: event %d of worker %v has no data", ErrInvalidEvent, ev.Event.ID, w)
+}
+
+// worker returns w's state, registering it (with the lowest free slot) on
+// first sight.
+func (t *CompressedTree) worker(w kvevent.Worker) *xworker {
+	if xw := t.workers[w]; xw != nil {
+		return xw
+	}
+	xw := &xworker{worker: w}
+	if n := len(t.freeSlot); n > 0 {
+		xw.slot, t.freeSlot = t.freeSlot[n-1], t.freeSlot[:n-1]
+	} else {
+		xw.slot = t.slots
+		t.slots++
+	}
+	t.workers[w] = xw
+	return xw
+}
+
+// forget drops everything xw holds and releases its slot.
+func (t *CompressedTree) forget(xw *xworker) {
+	xw.eng.each(func(_, loc uint64) { t.leave(loc, xw) })
+	xw.eng = engineTable{}
+	delete(t.workers, xw.worker)
+	t.freeSlot = append(t.freeSlot, xw.slot)
+}
+
+func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
+	xw := t.workers[w]
+	var loc uint64 // the root
+	if d.HasParent {
+		ok := false
+		if xw != nil {
+			loc, ok = xw.eng.get(d.ParentHash)
+		}
+		if !ok {
+			return fmt.Errorf("%w: worker %v, parent %#x", ErrParentNotFound, w, d.ParentHash)
+		}
+	}
+	if len(d.Blocks) == 0 {
+		return nil
+	}
+	if xw == nil {
+		xw = t.worker(w)
+	}
+	for _, b := range d.Blocks {
+		loc = t.next(loc, b.TokensHash)
+		e, had := xw.eng.slot(b.BlockHash)
+		old := e.loc
+		if had && old == loc {
+			continue
+		}
+		// Join first, so that leaving old cannot trim the path just walked.
+		if t.join(loc, xw) {
+			e.loc = loc
+			xw.size.Add(1)
+			t.size.Add(1)
+		} else {
+			xw.eng.del(b.BlockHash)
+		}
+		if had {
+			t.leave(old, xw)
+		}
+	}
+	return nil
+}
+
+// next returns the block after loc with tokens hash key, creating it.
+func (t *CompressedTree) next(loc uint64, key uint64) uint64 {
+	var r *crun
+	var off uint32
+	if loc != 0 {
+		r, off = t.unpack(loc)
+		ks := r.view()
+		switch {
+		case int(off)+1 < len(ks) && ks[off+1] == key:
+			return pack(r, off+1)
+		case int(off)+1 == len(ks):
+			// The run's end: extend it, unless a child run already has
+			// this block.
+			if r.hasKidAt(off) {
+				if c := t.child(r, off, key); c != nil {
+					return pack(c, 0)
+				}
+			}
+			r.push(key)
+			return pack(r, off+1)
+		}
+	}
+	if c := t.child(r, off, key); c != nil {
+		return pack(c, 0)
+	}
+	return pack(t.newRun(r, off, key), 0)
+}
+
+func (r *crun) kidAt(off uint32) (int, bool) {
+	return slices.BinarySearchFunc(r.kids, off, func(k kidCount, off uint32) int { return int(k.off) - int(off) })
+}
+
+func (r *crun) hasKidAt(off uint32) bool {
+	_, found := r.kidAt(off)
+	return found
+}
+
+// push appends a block to the run.
+func (r *crun) push(key uint64) {
+	n := r.n.Load()
+	ks := *r.keys.Load()
+	if int(n) == len(ks) {
+		grown := make([]uint64, max(4, 2*len(ks)))
+		copy(grown, ks)
+		r.keys.Store(&grown)
+		ks = grown
+	}
+	ks[n] = key
+	r.n.Store(n + 1)
+}
+
+// newRun creates a one-block run hanging from position off of parent.
+func (t *CompressedTree) newRun(parent *crun, off uint32, key uint64) *crun {
+	t.serials++
+	r := &crun{parent: parent, parentOff: off, first: key, serial: t.serials}
+	ks := make([]uint64, 4)
+	ks[0] = key
+	r.keys.Store(&ks)
+	r.n.Store(1)
+	if n := len(t.freeRuns); n > 0 {
+		r.id, t.freeRuns = t.freeRuns[n-1], t.freeRuns[:n-1]
+		t.runs[r.id] = r
+	} else {
+		r.id = uint32(len(t.runs))
+		t.runs = append(t.runs, r)
+	}
+	if parent != nil {
+		i, found := parent.kidAt(off)
+		if found {
+			parent.kids[i].n++
+		} else {
+			parent.kids = slices.Insert(parent.kids, i, kidCount{off, 1})
+		}
+	}
+	// Prepend to the key's chain: a reader sees the chain with or without
+	// the new run, both well formed.
+	k := t.edgeKey(parent, off, key)
+	if head, ok := t.heads.Load(k); ok {
+		r.collide.Store(head)
+	}
+	t.heads.Store(k, r)
+	return r
+}
+
+// unhang removes r from the map; readers already on it can still follow
+// its chain.
+func (t *CompressedTree) unhang(r *crun) {
+	k := t.edgeKey(r.parent, r.parentOff, r.first)
+	head, _ := t.heads.Load(k)
+	if head == r {
+		if next := r.collide.Load(); next != nil {
+			t.heads.Store(k, next)
+		} else {
+			t.heads.Delete(k)
+		}
+		return
+	}
+	for head.collide.Load() != r {
+		head = head.collide.Load()
+	}
+	head.collide.Store(r.collide.Load())
+}
+
+// holderOf returns the index of xw among hs.
+func holderOf(hs []holder, xw *xworker) (int, bool) {
+	return slices.BinarySearchFunc(hs, xw.slot, func(h holder, slot uint32) int { return int(h.w.slot) - int(slot) })
+}
+
+// join makes xw hold loc; it reports false if xw already held it.
+func (t *CompressedTree) join(loc uint64, xw *xworker) bool {
+	r, off := t.unpack(loc)
+	hs := r.holderArray()
+	i, found := holderOf(hs, xw)
+	if !found {
+		hs = slices.Insert(slices.Clone(hs), i, holder{w: xw})
+		r.holders.Store(&hs)
+	}
+	h := &hs[i]
+	if h.has(off) {
+		return false
+	}
+	for int(off/64) >= len(h.bits) {
+		h.bits = append(h.bits, 0)
+	}
+	h.bits[off/64] |= 1 << (off % 64)
+	h.held++
+	h.top = max(h.top, off+1)
+	if cut := atomic.LoadUint32(&h.cut); off == cut {
+		for cut++; cut < h.top && h.has(cut); cut++ {
+		}
+		atomic.StoreUint32(&h.cut, cut)
+	}
+	return true
+}
+
+// leave makes xw stop holding loc, which it holds; the engine hash naming
+// loc is the caller's to delete.
+func (t *CompressedTree) leave(loc uint64, xw *xworker) {
+	xw.size.Add(-1)
+	t.size.Add(-1)
+	r, off := t.unpack(loc)
+	hs := r.holderArray()
+	i, _ := holderOf(hs, xw)
+	h := &hs[i]
+	h.bits[off/64] &^= 1 << (off % 64)
+	h.held--
+	if off < atomic.LoadUint32(&h.cut) {
+		atomic.StoreUint32(&h.cut, off)
+	}
+	switch {
+	case h.held == 0:
+		rest := slices.Delete(slices.Clone(hs), i, i+1)
+		if len(rest) == 0 {
+			r.holders.Store(nil)
+		} else {
+			r.holders.Store(&rest)
+		}
+	case off+1 == h.top:
+		h.top = highestBit(h.bits)
+	}
+	if off+1 == r.n.Load() || h.held == 0 {
+		t.settle(r)
+	}
+}
+
+// highestBit returns the highest set position + 1 (0 if none).
+func highestBit(ws []uint64) uint32 {
+	for i := len(ws) - 1; i >= 0; i-- {
+		if ws[i] != 0 {
+			return uint32(64*i + 64 - bits.LeadingZeros64(ws[i]))
+		}
+	}
+	return 0
+}
+
+// extent is how many leading blocks of r are needed: up to the highest
+// held by anyone or followed by a child run.
+func (r *crun) extent() uint32 {
+	var e uint32
+	hs := r.holderArray()
+	for i := range hs {
+		e = max(e, hs[i].top)
+	}
+	if k := len(r.kids); k > 0 {
+		e = max(e, r.kids[k-1].off+1)
+	}
+	return e
+}
+
+// settle trims r's unneeded tail, or deletes r (and settles its parent) if
+// nothing of it is needed.
+func (t *CompressedTree) settle(r *crun) {
+	for r != nil {
+		e := r.extent()
+		if e > 0 {
+			if n := r.n.Load(); e < n {
+				// A fresh array: readers that saw the old length read the
+				// old one, which is never written again.
+				ks := slices.Clone(r.view()[:e])
+				r.keys.Store(&ks)
+				r.n.Store(e)
+			}
+			return
+		}
+		p := r.parent
+		t.unhang(r)
+		t.runs[r.id] = nil
+		t.freeRuns = append(t.freeRuns, r.id)
+		if p == nil {
+			return
+		}
+		i, _ := p.kidAt(r.parentOff)
+		if p.kids[i].n--; p.kids[i].n == 0 {
+			p.kids = slices.Delete(p.kids, i, i+1)
+		}
+		if len(p.kids) == 0 {
+			p.kids = nil
+		}
+		r = p
+	}
+}
+
+func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
+	xw := t.workers[w]
+	missing := 0
+	for _, h := range hashes {
+		var loc uint64
+		ok := false
+		if xw != nil {
+			loc, ok = xw.eng.del(h)
+		}
+		if !ok {
+			missing++
+			continue
+		}
+		t.leave(loc, xw)
+	}
+	if xw != nil && xw.eng.len() == 0 {
+		t.forget(xw)
+	}
+	if missing > 0 {
+		return &MissingBlocksError{Worker: w, Missing: missing, Of: len(hashes)}
+	}
+	return nil
+}
+
+// RemoveWorker implements Index: every rank of id leaves every block and
+// is forgotten.
+func (t *CompressedTree) RemoveWorker(id kvevent.WorkerID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for w, xw := range t.workers {
+		if w.ID == id {
+			t.forget(xw)
+		}
+	}
+}
+
+// Size implements Index.
+func (t *CompressedTree) Size() int { return int(t.size.Load()) }
+
+type cmatchScratch struct {
+	active  []*xworker
+	next    []*xworker
+	score   []uint32 // per active worker: blocks matched in the current run
+	dropped []wscore
+}
+
+type wscore struct {
+	w     *xworker
+	score uint32
+}
+
+// FindMatches implements Index. It walks the request run by run: one map
+// load per run, a memequal of the request against the run's blocks, and
+// one cut per active worker.
+func (t *CompressedTree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
+	s := t.scratch.Get().(*cmatchScratch)
+	active, dropped := s.active[:0], s.dropped[:0]
+	var parent *crun
+	var off uint32
+	depth := 0
+	for first := true; depth < len(local); first = false {
+		r := t.child(parent, off, local[depth])
+		if r == nil {
+			break
+		}
+		m := commonPrefix(local[depth:], r.view())
+		hs := r.holderArray()
+		score := s.score[:0]
+		if first {
+			for i := range hs {
+				if c := min(atomic.LoadUint32(&hs[i].cut), uint32(m)); c > 0 {
+					active = append(active, hs[i].w)
+					score = append(score, c)
+				}
+			}
+		} else {
+			score = cutsOf(score, active, hs, uint32(m))
+		}
+		s.score = score
+		next, stop := s.next[:0], false
+		if lead, runnerUp := leaders(score); earlyExit && lead >= 0 && score[lead] > runnerUp {
+			// The walk the plain tree does stops once one worker is left:
+			// at the runner-up's last block.
+			for i, w := range active {
+				if i == lead {
+					dropped = append(dropped, wscore{w, uint32(depth) + runnerUp + 1})
+				} else {
+					dropped = append(dropped, wscore{w, uint32(depth) + score[i]})
+				}
+			}
+			stop = true
+		} else {
+			for i, w := range active {
+				if score[i] == uint32(m) {
+					next = append(next, w)
+				} else {
+					dropped = append(dropped, wscore{w, uint32(depth) + score[i]})
+				}
+			}
+		}
+		s.next, active = active, next
+		depth += m
+		if stop || len(active) == 0 {
+			break
+		}
+		parent, off = r, uint32(m-1)
+	}
+	res := newScores(len(active) + len(dropped))
+	for _, d := range dropped {
+		res.Scores[d.w.worker] = d.score
+		res.TreeSizes[d.w.worker] = int(d.w.size.Load())
+	}
+	for _, w := range active {
+		res.Scores[w.worker] = uint32(depth)
+		res.TreeSizes[w.worker] = int(w.size.Load())
+	}
+	// Drop the references to workers, so a removed one can be collected.
+	clear(active[:cap(active)])
+	clear(s.next[:cap(s.next)])
+	clear(dropped[:cap(dropped)])
+	s.active, s.dropped = active[:0], dropped[:0]
+	t.scratch.Put(s)
+	return res
+}
+
+// cutsOf appends, for each active worker, how many of the run's first m
+// blocks it holds (0 if it is not among hs); both are sorted by slot.
+func cutsOf(dst []uint32, active []*xworker, hs []holder, m uint32) []uint32 {
+	j := 0
+	for _, w := range active {
+		for j < len(hs) && hs[j].w.slot < w.slot {
+			j++
+		}
+		c := uint32(0)
+		if j < len(hs) && hs[j].w == w {
+			c = min(atomic.LoadUint32(&hs[j].cut), m)
+		}
+		dst = append(dst, c)
+	}
+	return dst
+}
+
+// leaders returns the index of the highest score (-1 if none) and the
+// second highest score (0 if fewer than two).
+func leaders(score []uint32) (lead int, runnerUp uint32) {
+	lead = -1
+	for i, s := range score {
+		switch {
+		case lead < 0 || s > score[lead]:
+			if lead >= 0 {
+				runnerUp = score[lead]
+			}
+			lead = i
+		case s > runnerUp:
+			runnerUp = s
+		}
+	}
+	return lead, runnerUp
+}
+
+// commonPrefix returns how many leading elements a and b share.
+func commonPrefix(a, b []uint64) int {
+	n := min(len(a), len(b))
+	a, b = a[:n], b[:n]
+	if asBytes(a) == asBytes(b) {
+		return n
+	}
+	i := 0
+	for i < n && a[i] == b[i] {
+		i++
+	}
+	return i
+}
+
+func asBytes(s []uint64) string {
+	return unsafe.String((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 8*len(s))
+}
+
+// Dump implements Index.
+func (t *CompressedTree) Dump() []kvevent.RouterEvent {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	type pair struct {
+		w     kvevent.Worker
+		loc   uint64
+		depth uint32
+	}
+	starts := map[*crun]uint32{} // depth of each run's first block
+	var startOf func(r *crun) uint32
+	startOf = func(r *crun) uint32 {
+		if r.parent == nil {
+			return 0
+		}
+		if d, ok := starts[r]; ok {
+			return d
+		}
+		d := startOf(r.parent) + r.parentOff + 1
+		starts[r] = d
+		return d
+	}
+	held := map[kvevent.Worker]map[uint64]uint64{}
+	var pairs []pair
+	for w, xw := range t.workers {
+		m := make(map[uint64]uint64, xw.eng.len())
+		xw.eng.each(func(h, loc uint64) {
+			m[loc] = h
+			r, off := t.unpack(loc)
+			pairs = append(pairs, pair{w, loc, startOf(r) + off})
+		})
+		held[w] = m
+	}
+	slices.SortFunc(pairs, func(a, b pair) int {
+		if a.depth != b.depth {
+			return int(a.depth) - int(b.depth)
+		}
+		if a.loc != b.loc {
+			if a.loc < b.loc {
+				return -1
+			}
+			return 1
+		}
+		return compareWorkers(a.w, b.w)
+	})
+	d := &dumper[uint64]{
+		root: 0,
+		key: func(loc uint64) uint64 {
+			r, off := t.unpack(loc)
+			return r.view()[off]
+		},
+		parent: func(loc uint64) uint64 {
+			r, off := t.unpack(loc)
+			switch {
+			case off > 0:
+				return pack(r, off-1)
+			case r.parent != nil:
+				return pack(r.parent, r.parentOff)
+			}
+			return 0
+		},
+		held: held,
+	}
+	for _, p := range pairs {
+		d.emit(p.w, p.loc)
+	}
+	return d.finish()
+}

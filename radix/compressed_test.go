@@ -1,0 +1,79 @@
+package radix_test
+
+import (
+	"testing"
+
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix"
+	"github.com/kvradix/kvradix/radix/radixtest"
+)
+
+// applier is what the indexes and the model have in common.
+type applier interface {
+	Apply(kvevent.RouterEvent) error
+	RemoveWorker(kvevent.WorkerID)
+}
+
+// TestCompressedLongRuns exercises runs far longer than a bitset word, in
+// the shapes the run layout must get exactly right: a worker holding a
+// prefix of another's run, a run split by a diverging store, holes in the
+// middle and their refilling, a tail trimmed and regrown differently,
+// Cleared and RemoveWorker. Every index is checked against the model (and
+// so against the others) after every step, on queries along each path.
+func TestCompressedLongRuns(t *testing.T) {
+	const n = 200
+	path := func(base uint64, k int) []uint64 {
+		out := make([]uint64, k)
+		for i := range out {
+			out[i] = base + uint64(i)
+		}
+		return out
+	}
+	a := path(1, n) // the shared run
+	b := append(path(1, 70), path(5000, 50)...)
+	store := func(w kvevent.Worker, parent int64, engine uint64, toks []uint64) kvevent.RouterEvent {
+		pairs := make([]uint64, 0, 2*len(toks))
+		for i, tk := range toks {
+			pairs = append(pairs, engine+uint64(i), tk)
+		}
+		return radixtest.Stored(w, parent, pairs...)
+	}
+	w1, w2, w3 := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2}, kvevent.Worker{ID: 3, DPRank: 1}
+	steps := []func(applier) error{
+		func(i applier) error { return i.Apply(store(w1, -1, 1_000_000, a)) },
+		func(i applier) error { return i.Apply(store(w2, -1, 2_000_000, a[:90])) },                   // a prefix
+		func(i applier) error { return i.Apply(store(w3, -1, 3_000_000, b)) },                        // splits at 70
+		func(i applier) error { return i.Apply(radixtest.Removed(w1, 1_000_000+65, 1_000_000+130)) }, // holes
+		func(i applier) error { return i.Apply(store(w1, 1_000_000+64, 4_000_000, a[65:66])) },       // refill one
+		func(i applier) error { return i.Apply(radixtest.Removed(w1, path(1_000_000+131, 69)...)) },  // tail gone
+		func(i applier) error { return i.Apply(store(w1, 1_000_000+129, 6_000_000, path(9000, 80))) },
+		func(i applier) error { return i.Apply(radixtest.Cleared(w2)) },
+		func(i applier) error { i.RemoveWorker(3); return nil },
+		func(i applier) error { return i.Apply(store(w2, -1, 7_000_000, b)) },
+	}
+	queries := [][]uint64{a, b, append(path(1, 130), path(9000, 80)...), a[:1], a[:64], a[:66]}
+	for _, newIndex := range []func() radix.Index{
+		func() radix.Index { return radix.NewTree() },
+		func() radix.Index { return radix.NewConcurrentTree() },
+		func() radix.Index { return radix.NewCompressedTree() },
+	} {
+		idx, model := newIndex(), radixtest.NewModel()
+		for s, step := range steps {
+			if err := step(idx); err != nil {
+				t.Fatalf("%T step %d: %v", idx, s, err)
+			}
+			_ = step(model)
+			for _, q := range queries {
+				radixtest.Check(t, idx, model, q)
+			}
+		}
+		if got := idx.FindMatches(a, false).Scores; got[w1] != 130 {
+			t.Fatalf("%T: w1 scores %d on the shared run, want 130 (the hole refilled, 130 removed)", idx, got[w1])
+		}
+		if c, ok := idx.(*radix.CompressedTree); ok {
+			if _, err := radix.CompressedInvariants(c); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
