@@ -17,6 +17,7 @@ type indexImpl struct {
 var indexImpls = []indexImpl{
 	{"tree", func() radix.Index { return radix.NewTree() }},
 	{"concurrent", func() radix.Index { return radix.NewConcurrentTree() }},
+	{"compressed", func() radix.Index { return radix.NewCompressedTree() }},
 }
 
 // chain returns a Stored event of w: blocks engine hashes base+i, tokens

@@ -261,8 +261,12 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	if xw == nil {
 		xw = t.worker(w)
 	}
-	for _, b := range d.Blocks {
-		loc = t.next(loc, b.TokensHash)
+	xw.eng.warm(d.Blocks[:min(warmAhead, len(d.Blocks))])
+	for i, b := range d.Blocks {
+		if i%warmAhead == 0 && i+warmAhead < len(d.Blocks) {
+			xw.eng.warm(d.Blocks[i+warmAhead : min(i+2*warmAhead, len(d.Blocks))])
+		}
+		loc = t.next(loc, b.TokensHash, len(d.Blocks)-i)
 		e, had := xw.eng.slot(b.BlockHash)
 		old := e.loc
 		if had && old == loc {
@@ -283,8 +287,13 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	return nil
 }
 
-// next returns the block after loc with tokens hash key, creating it.
-func (t *CompressedTree) next(loc uint64, key uint64) uint64 {
+// warmAhead is how many blocks' engine-table slots a store loads ahead.
+const warmAhead = 16
+
+// next returns the block after loc with tokens hash key, creating it; room
+// is how many blocks the event stores from here on (this one included), so
+// that a run created or extended by the event is sized once.
+func (t *CompressedTree) next(loc uint64, key uint64, room int) uint64 {
 	var r *crun
 	var off uint32
 	if loc != 0 {
@@ -301,14 +310,14 @@ func (t *CompressedTree) next(loc uint64, key uint64) uint64 {
 					return pack(c, 0)
 				}
 			}
-			r.push(key)
+			r.push(key, room)
 			return pack(r, off+1)
 		}
 	}
 	if c := t.child(r, off, key); c != nil {
 		return pack(c, 0)
 	}
-	return pack(t.newRun(r, off, key), 0)
+	return pack(t.newRun(r, off, key, room), 0)
 }
 
 func (r *crun) kidAt(off uint32) (int, bool) {
@@ -320,12 +329,14 @@ func (r *crun) hasKidAt(off uint32) bool {
 	return found
 }
 
-// push appends a block to the run.
-func (r *crun) push(key uint64) {
+// push appends a block to the run, growing its array to fit room blocks
+// more (the rest of the event extends the run too), or by an eighth, so that
+// runs extended in small steps still append in amortised constant time.
+func (r *crun) push(key uint64, room int) {
 	n := r.n.Load()
 	ks := *r.keys.Load()
 	if int(n) == len(ks) {
-		grown := make([]uint64, max(4, 2*len(ks)))
+		grown := make([]uint64, int(n)+max(room, int(n)/8, 1))
 		copy(grown, ks)
 		r.keys.Store(&grown)
 		ks = grown
@@ -335,10 +346,10 @@ func (r *crun) push(key uint64) {
 }
 
 // newRun creates a one-block run hanging from position off of parent.
-func (t *CompressedTree) newRun(parent *crun, off uint32, key uint64) *crun {
+func (t *CompressedTree) newRun(parent *crun, off uint32, key uint64, room int) *crun {
 	t.serials++
 	r := &crun{parent: parent, parentOff: off, first: key, serial: t.serials}
-	ks := make([]uint64, 4)
+	ks := make([]uint64, max(room, 1))
 	ks[0] = key
 	r.keys.Store(&ks)
 	r.n.Store(1)
@@ -397,8 +408,9 @@ func (t *CompressedTree) join(loc uint64, xw *xworker) bool {
 	hs := r.holderArray()
 	i, found := holderOf(hs, xw)
 	if !found {
-		hs = slices.Insert(slices.Clone(hs), i, holder{w: xw})
-		r.holders.Store(&hs)
+		grown := slices.Insert(slices.Clone(hs), i, holder{w: xw})
+		r.holders.Store(&grown) // a variable of its own: &hs would move hs to the heap on every call
+		hs = grown
 	}
 	h := &hs[i]
 	if h.has(off) {
@@ -545,6 +557,7 @@ func (t *CompressedTree) RemoveWorker(id kvevent.WorkerID) {
 func (t *CompressedTree) Size() int { return int(t.size.Load()) }
 
 type cmatchScratch struct {
+	out     []Match
 	active  []*xworker
 	next    []*xworker
 	score   []uint32 // per active worker: blocks matched in the current run
@@ -556,10 +569,32 @@ type wscore struct {
 	score uint32
 }
 
-// FindMatches implements Index. It walks the request run by run: one map
-// load per run, a memequal of the request against the run's blocks, and
-// one cut per active worker.
+// FindMatches implements Index; see AppendMatches.
 func (t *CompressedTree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
+	s := t.scratch.Get().(*cmatchScratch)
+	s.out = t.AppendMatches(s.out[:0], local, earlyExit)
+	res := newScores(len(s.out))
+	for _, m := range s.out {
+		res.Scores[m.Worker] = m.Score
+		res.TreeSizes[m.Worker] = m.TreeSize
+	}
+	t.scratch.Put(s)
+	return res
+}
+
+// Match is one worker's result of matching a request.
+type Match struct {
+	Worker   kvevent.Worker
+	Score    uint32 // leading blocks of the request it holds
+	TreeSize int    // blocks it holds in the whole index
+}
+
+// AppendMatches appends to dst the match of every worker holding at least
+// the request's first block (in no particular order): FindMatches without
+// the maps, and without allocating. It walks the request run by run: one
+// map load per run, a memequal of the request against the run's blocks,
+// and one cut per active worker.
+func (t *CompressedTree) AppendMatches(dst []Match, local []uint64, earlyExit bool) []Match {
 	s := t.scratch.Get().(*cmatchScratch)
 	active, dropped := s.active[:0], s.dropped[:0]
 	var parent *crun
@@ -612,14 +647,11 @@ func (t *CompressedTree) FindMatches(local []uint64, earlyExit bool) OverlapScor
 		}
 		parent, off = r, uint32(m-1)
 	}
-	res := newScores(len(active) + len(dropped))
 	for _, d := range dropped {
-		res.Scores[d.w.worker] = d.score
-		res.TreeSizes[d.w.worker] = int(d.w.size.Load())
+		dst = append(dst, Match{d.w.worker, d.score, int(d.w.size.Load())})
 	}
 	for _, w := range active {
-		res.Scores[w.worker] = uint32(depth)
-		res.TreeSizes[w.worker] = int(w.size.Load())
+		dst = append(dst, Match{w.worker, uint32(depth), int(w.size.Load())})
 	}
 	// Drop the references to workers, so a removed one can be collected.
 	clear(active[:cap(active)])
@@ -627,7 +659,7 @@ func (t *CompressedTree) FindMatches(local []uint64, earlyExit bool) OverlapScor
 	clear(dropped[:cap(dropped)])
 	s.active, s.dropped = active[:0], dropped[:0]
 	t.scratch.Put(s)
-	return res
+	return dst
 }
 
 // cutsOf appends, for each active worker, how many of the run's first m

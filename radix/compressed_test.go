@@ -77,3 +77,38 @@ func TestCompressedLongRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendMatches checks that AppendMatches appends exactly FindMatches'
+// answer after what dst held, and allocates nothing once warm.
+func TestAppendMatches(t *testing.T) {
+	idx := radix.NewCompressedTree()
+	w1, w2 := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2}
+	for _, ev := range []kvevent.RouterEvent{
+		radixtest.Stored(w1, -1, 10, 1, 11, 2, 12, 3),
+		radixtest.Stored(w2, -1, 20, 1, 21, 2),
+		radixtest.Stored(w2, -1, 30, 7),
+	} {
+		if err := idx.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q := []uint64{1, 2, 3}
+	prefix := radix.Match{Worker: kvevent.Worker{ID: 99}}
+	got := idx.AppendMatches([]radix.Match{prefix}, q, false)
+	want := idx.FindMatches(q, false)
+	if len(got) != 1+len(want.Scores) || got[0] != prefix {
+		t.Fatalf("appended %v to the prefix, want %v", got, want.Scores)
+	}
+	for _, m := range got[1:] {
+		if m.Score != want.Scores[m.Worker] || m.TreeSize != want.TreeSizes[m.Worker] {
+			t.Fatalf("match %+v, FindMatches says %d/%d", m, want.Scores[m.Worker], want.TreeSizes[m.Worker])
+		}
+	}
+	if got[1].Worker == got[2].Worker || want.Scores[w1] != 3 || want.TreeSizes[w2] != 3 {
+		t.Fatalf("matches %v", got)
+	}
+	buf := make([]radix.Match, 0, 8)
+	if n := testing.AllocsPerRun(100, func() { buf = idx.AppendMatches(buf[:0], q, false) }); n != 0 {
+		t.Fatalf("AppendMatches allocates %v times a call", n)
+	}
+}

@@ -1,35 +1,50 @@
 package radix
 
-import "math/bits"
+import (
+	"math/bits"
+
+	"github.com/kvradix/kvradix/kvevent"
+)
 
 // engineTable maps a worker's engine block hashes to where the block lives
 // in a CompressedTree (a packed run id and offset, never 0). It is an
 // open-addressing table of 16-byte entries with linear probing and
-// backward-shift deletion (no tombstones), sized to a power of two: a probe
-// is one cache line where a Go map touches a bucket header, a tophash array
-// and the slot. The zero value is an empty table. Not safe for concurrent
-// use.
+// backward-shift deletion (no tombstones): a probe is one cache line where a
+// Go map touches a control word and a slot in separate places. Its length
+// is any integer (a hash maps to its home slot by multiply-shift, not a
+// mask), so it grows by half rather than doubling: memory per entry stays
+// between 16/(7/8) and 16/(7/12) bytes, where doubling would swing to 16/(7/16).
+// The zero value is an empty table. Not safe for concurrent use.
 type engineTable struct {
-	e     []engineEntry // nil or a power of two long
-	n     int
-	shift uint8 // 64 - log2(len(e))
+	e    []engineEntry
+	n    int
+	sink uint64 // where warm's loads go, so that they are not optimised away
 }
 
 // engineEntry is one slot; loc == 0 marks it empty.
 type engineEntry struct{ hash, loc uint64 }
 
-// Load bounds: grow past 13/16 full (probe chains stay short with
-// well-spread keys), shrink below 1/8 so a worker that evicts most of its
-// blocks gives the memory back.
+// Load bounds: grow past 7/8 full (linear probes over 16-byte entries stay
+// within a few cache lines), shrink below 1/4 so that a worker that evicts
+// most of its blocks gives the memory back.
 const (
 	engineMinLen  = 8
-	engineGrowNum = 13
-	engineGrowDen = 16
+	engineGrowNum = 7
+	engineGrowDen = 8
 )
 
+// home maps h to its first slot: Fibonacci-mix the hash (engine hashes in
+// tests are small integers), then scale its high bits to the length.
 func (t *engineTable) home(h uint64) int {
-	// Fibonacci hashing: engine hashes in tests are small integers.
-	return int((h * 0x9E3779B97F4A7C15) >> t.shift)
+	hi, _ := bits.Mul64(h*0x9E3779B97F4A7C15, uint64(len(t.e)))
+	return int(hi)
+}
+
+func (t *engineTable) step(i int) int {
+	if i++; i == len(t.e) {
+		return 0
+	}
+	return i
 }
 
 // get returns the location of engine hash h.
@@ -37,8 +52,7 @@ func (t *engineTable) get(h uint64) (uint64, bool) {
 	if t.n == 0 {
 		return 0, false
 	}
-	mask := len(t.e) - 1
-	for i := t.home(h); ; i = (i + 1) & mask {
+	for i := t.home(h); ; i = t.step(i) {
 		e := &t.e[i]
 		if e.loc == 0 {
 			return 0, false
@@ -49,17 +63,15 @@ func (t *engineTable) get(h uint64) (uint64, bool) {
 	}
 }
 
-// slot returns the entry of h, inserting an empty one (loc 0) if absent;
-// the caller must set its loc, or delete h again.
+// slot returns the entry of h, inserting it if absent (with a placeholder
+// loc); the caller must set its loc, or delete h again.
 func (t *engineTable) slot(h uint64) (e *engineEntry, existed bool) {
 	if (t.n+1)*engineGrowDen > len(t.e)*engineGrowNum {
-		t.resize(max(engineMinLen, 2*len(t.e)))
+		t.resize(max(engineMinLen, len(t.e)+len(t.e)/2))
 	}
-	mask := len(t.e) - 1
-	for i := t.home(h); ; i = (i + 1) & mask {
+	for i := t.home(h); ; i = t.step(i) {
 		e := &t.e[i]
 		if e.loc == 0 {
-			// Taken from now on; the caller sets the real location.
 			e.hash, e.loc = h, placeholderLoc
 			t.n++
 			return e, false
@@ -79,9 +91,8 @@ func (t *engineTable) del(h uint64) (uint64, bool) {
 	if t.n == 0 {
 		return 0, false
 	}
-	mask := len(t.e) - 1
 	i := t.home(h)
-	for ; ; i = (i + 1) & mask {
+	for ; ; i = t.step(i) {
 		if t.e[i].loc == 0 {
 			return 0, false
 		}
@@ -90,10 +101,11 @@ func (t *engineTable) del(h uint64) (uint64, bool) {
 		}
 	}
 	loc := t.e[i].loc
-	// Backward shift: move later entries of the probe chain into the hole
+	// Backward shift: move later entries of the probe run into the hole
 	// unless that would put them before their home slot.
-	for j := (i + 1) & mask; t.e[j].loc != 0; j = (j + 1) & mask {
-		if home := t.home(t.e[j].hash); (j-home)&mask >= (j-i)&mask {
+	size := len(t.e)
+	for j := t.step(i); t.e[j].loc != 0; j = t.step(j) {
+		if home := t.home(t.e[j].hash); (j-home+size)%size >= (j-i+size)%size {
 			t.e[i] = t.e[j]
 			i = j
 		}
@@ -102,7 +114,7 @@ func (t *engineTable) del(h uint64) (uint64, bool) {
 	t.n--
 	if t.n == 0 {
 		*t = engineTable{}
-	} else if len(t.e) > engineMinLen && t.n*8 < len(t.e) {
+	} else if len(t.e) > engineMinLen && t.n*4 < len(t.e) {
 		t.resize(len(t.e) / 2)
 	}
 	return loc, true
@@ -111,18 +123,29 @@ func (t *engineTable) del(h uint64) (uint64, bool) {
 func (t *engineTable) resize(size int) {
 	old := t.e
 	t.e = make([]engineEntry, size)
-	t.shift = uint8(64 - bits.TrailingZeros(uint(size)))
-	mask := size - 1
 	for _, e := range old {
 		if e.loc == 0 {
 			continue
 		}
 		i := t.home(e.hash)
 		for t.e[i].loc != 0 {
-			i = (i + 1) & mask
+			i = t.step(i)
 		}
 		t.e[i] = e
 	}
+}
+
+// warm loads the home slots of the blocks' engine hashes, so that the cache
+// misses of a run of inserts overlap instead of each waiting for its own.
+func (t *engineTable) warm(blocks []kvevent.StoredBlock) {
+	if len(t.e) == 0 {
+		return
+	}
+	var x uint64
+	for i := range blocks {
+		x += t.e[t.home(blocks[i].BlockHash)].loc
+	}
+	t.sink = x
 }
 
 // len returns the number of entries.
