@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -10,17 +11,14 @@ import (
 	"github.com/kvradix/kvradix/shardpool"
 )
 
-type indexerImpl struct {
-	name string
-	new  func() shardpool.Indexer
-}
-
-var indexerImpls = []indexerImpl{
-	{"single", func() shardpool.Indexer { return shardpool.NewSingle(16) }},
-	{"pool/lanes=1", func() shardpool.Indexer { return shardpool.NewPool(1, 16) }},
-	{"pool/lanes=2", func() shardpool.Indexer { return shardpool.NewPool(2, 16) }},
-	{"pool/lanes=4", func() shardpool.Indexer { return shardpool.NewPool(4, 16) }},
-}
+// indexerImpls is every indexer, the pools at 1, 2 and 4 lanes.
+var indexerImpls = func() []shardpool.Impl {
+	impls, err := shardpool.ParseImpls(strings.Join(shardpool.ImplNames, ","), []int{1, 2, 4})
+	if err != nil {
+		panic(err)
+	}
+	return impls
+}()
 
 // BenchmarkMixed runs readers and event appliers together, as a router
 // does: 64 workers hold a shared 512-block prefix; each parallel goroutine
@@ -31,8 +29,8 @@ func BenchmarkMixed(b *testing.B) {
 	const depth, workers, eventBlocks = 512, 64, 16
 	for _, reads := range []int{50, 90, 99} {
 		for _, im := range indexerImpls {
-			b.Run(fmt.Sprintf("impl=%s/reads=%d", im.name, reads), func(b *testing.B) {
-				idx := im.new()
+			b.Run(fmt.Sprintf("%v/reads=%d", im, reads), func(b *testing.B) {
+				idx := im.New(16)
 				defer idx.Close()
 				for i := range workers {
 					if err := idx.ApplyEvent(chain(kvevent.Worker{ID: kvevent.WorkerID(i)}, 0, false, 0, depth, tokensHash)); err != nil {
@@ -95,12 +93,13 @@ func BenchmarkMixed(b *testing.B) {
 }
 
 // BenchmarkFindMatchesParallel is read-only scaling: every goroutine
-// matches a 128-block prefix held by 64 workers, staggered.
+// matches a 128-block prefix held by 64 workers, staggered. api=append
+// matches without building result maps (no allocation).
 func BenchmarkFindMatchesParallel(b *testing.B) {
 	for _, im := range indexImpls {
+		idx := im.new()
+		q := findSetup(b, idx, "partial", 128, 64)
 		b.Run("impl="+im.name, func(b *testing.B) {
-			idx := im.new()
-			q := findSetup(b, idx, "partial", 128, 64)
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
@@ -110,38 +109,58 @@ func BenchmarkFindMatchesParallel(b *testing.B) {
 			})
 			b.ReportMetric(128*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
 		})
+		if ap, ok := idx.(appender); ok {
+			b.Run("impl="+im.name+"/api=append", func(b *testing.B) {
+				b.ReportAllocs()
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					var buf []radix.Match
+					for pb.Next() {
+						buf = ap.AppendMatches(buf[:0], q, false)
+					}
+				})
+				b.ReportMetric(128*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+			})
+		}
 	}
 }
 
-// BenchmarkApplyParallel is write scaling on the concurrent tree: every
+// BenchmarkApplyParallel is write scaling on the concurrent indexes: every
 // goroutine is its own worker (as a pool lane would be) storing 16 blocks
 // under a shared 64-block prefix and removing them again.
 func BenchmarkApplyParallel(b *testing.B) {
-	idx := radix.NewConcurrentTree()
-	for i := range 16 {
-		if err := idx.Apply(chain(kvevent.Worker{ID: kvevent.WorkerID(i)}, 0, false, 0, 64, tokensHash)); err != nil {
-			b.Fatal(err)
+	for _, im := range indexImpls {
+		if _, ok := im.new().(radix.ConcurrentIndex); !ok {
+			continue
 		}
+		b.Run("impl="+im.name, func(b *testing.B) {
+			idx := im.new()
+			for i := range 16 {
+				if err := idx.Apply(chain(kvevent.Worker{ID: kvevent.WorkerID(i)}, 0, false, 0, 64, tokensHash)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var gid atomic.Uint64
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				g := gid.Add(1)
+				w := kvevent.Worker{ID: kvevent.WorkerID(1000 + g)}
+				if err := idx.Apply(chain(w, 0, false, 0, 64, tokensHash)); err != nil {
+					b.Fatal(err)
+				}
+				store := chain(w, 63, true, 1<<20, 16, func(i int) uint64 { return tokensHash(int(g)*64 + i + 1000) })
+				remove := removal(store)
+				for pb.Next() {
+					if err := idx.Apply(store); err != nil {
+						b.Fatal(err)
+					}
+					if err := idx.Apply(remove); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.ReportMetric(32*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+		})
 	}
-	var gid atomic.Uint64
-	b.ReportAllocs()
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		g := gid.Add(1)
-		w := kvevent.Worker{ID: kvevent.WorkerID(1000 + g)}
-		if err := idx.Apply(chain(w, 0, false, 0, 64, tokensHash)); err != nil {
-			b.Fatal(err)
-		}
-		store := chain(w, 63, true, 1<<20, 16, func(i int) uint64 { return tokensHash(int(g)*64 + i + 1000) })
-		remove := removal(store)
-		for pb.Next() {
-			if err := idx.Apply(store); err != nil {
-				b.Fatal(err)
-			}
-			if err := idx.Apply(remove); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.ReportMetric(32*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
 }

@@ -4,8 +4,9 @@
 //   - Single is the baseline, as Dynamo's KvIndexer: one goroutine owns a
 //     radix.Tree and every call, event or query, goes through its channel.
 //   - Pool is the thread-pool indexer: lanes of goroutines apply events to a
-//     radix.ConcurrentTree, each worker pinned to one lane so its events stay
-//     in order, while queries run on the caller's goroutine.
+//     radix.ConcurrentIndex (a CompressedTree unless told otherwise), each
+//     worker pinned to one lane so its events stay in order, while queries
+//     run on the caller's goroutine.
 //
 // Both filter storage tiers the same way (only Device-tier events count for
 // overlap; others are counted and dropped) and count every rejected event by

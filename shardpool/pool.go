@@ -10,7 +10,8 @@ import (
 	"github.com/kvradix/kvradix/radix"
 )
 
-// Pool is the thread-pool indexer over a radix.ConcurrentTree.
+// Pool is the thread-pool indexer over a radix.ConcurrentIndex: by default
+// a radix.CompressedTree, or any concurrent index given to NewPoolOver.
 //
 //   - Each worker id is pinned to one of the lanes on first sight (round
 //     robin) for the pool's lifetime, so one worker's events, and its
@@ -19,7 +20,7 @@ import (
 //   - A lane drains its queue in batches of up to MaxBatch and applies a
 //     batch in one go.
 //   - FindMatches runs on the caller's goroutine against the concurrent
-//     tree: queries never queue behind events and scale with readers. A
+//     index: queries never queue behind events and scale with readers. A
 //     query sees the events applied so far, not necessarily all queued.
 //   - Back-pressure: each lane's queue holds QueueSize messages; a full
 //     queue blocks the sender. No event is ever dropped.
@@ -28,7 +29,7 @@ import (
 // All methods are safe for concurrent use.
 type Pool struct {
 	h      *hasher
-	tree   *radix.ConcurrentTree
+	tree   radix.ConcurrentIndex
 	lanes  []chan msg
 	assign *xsync.Map[kvevent.WorkerID, int]
 	next   atomic.Uint64
@@ -38,12 +39,19 @@ type Pool struct {
 	c      counters
 }
 
-// NewPool starts a pool of lanes goroutines (at least 1) for the block size.
+// NewPool starts a pool of lanes goroutines (at least 1) for the block size
+// over a radix.CompressedTree, the faster index (results/README.md).
 func NewPool(lanes, blockSize int) *Pool {
+	return NewPoolOver(lanes, blockSize, radix.NewCompressedTree())
+}
+
+// NewPoolOver starts a pool of lanes goroutines (at least 1) for the block
+// size over idx, which it owns from then on.
+func NewPoolOver(lanes, blockSize int, idx radix.ConcurrentIndex) *Pool {
 	lanes = max(lanes, 1)
 	p := &Pool{
 		h:      newHasher(blockSize),
-		tree:   radix.NewConcurrentTree(),
+		tree:   idx,
 		lanes:  make([]chan msg, lanes),
 		assign: xsync.NewMap[kvevent.WorkerID, int](),
 	}
@@ -60,8 +68,9 @@ var _ Indexer = (*Pool)(nil)
 // Lanes returns the number of lanes.
 func (p *Pool) Lanes() int { return len(p.lanes) }
 
-// Tree returns the index the pool maintains, for read-only use (its size).
-func (p *Pool) Tree() *radix.ConcurrentTree { return p.tree }
+// Index returns the index the pool maintains, for reading only (FindMatches,
+// Size; Dump once the pool is flushed and idle).
+func (p *Pool) Index() radix.ConcurrentIndex { return p.tree }
 
 // lane returns the queue of a worker id, assigning one on first sight.
 func (p *Pool) lane(id kvevent.WorkerID) chan msg {

@@ -29,6 +29,7 @@ var impls = []impl{
 	{"pool/lanes=1", func(bs int) shardpool.Indexer { return shardpool.NewPool(1, bs) }},
 	{"pool/lanes=2", func(bs int) shardpool.Indexer { return shardpool.NewPool(2, bs) }},
 	{"pool/lanes=4", func(bs int) shardpool.Indexer { return shardpool.NewPool(4, bs) }},
+	{"pool/index=concurrent/lanes=2", func(bs int) shardpool.Indexer { return shardpool.NewPoolOver(2, bs, radix.NewConcurrentTree()) }},
 }
 
 func forEach(t *testing.T, f func(t *testing.T, idx shardpool.Indexer)) {
@@ -282,7 +283,7 @@ func TestPoolBatchStats(t *testing.T) {
 	if st.Batches == 0 || st.BatchedEvents < 10000 || st.MaxBatch < 1 || st.MeanBatch() < 1 || st.Queued != 10000 {
 		t.Fatalf("stats %+v", st)
 	}
-	if p.Lanes() != 2 || p.Tree().Size() != 8 {
-		t.Fatalf("lanes %d size %d", p.Lanes(), p.Tree().Size())
+	if p.Lanes() != 2 || p.Index().Size() != 8 {
+		t.Fatalf("lanes %d size %d", p.Lanes(), p.Index().Size())
 	}
 }

@@ -10,8 +10,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -25,49 +23,17 @@ import (
 // maxDuration bounds -duration.
 const maxDuration = 10 * time.Minute
 
-type indexerImpl struct {
-	name  string // "single" or "pool"
-	lanes int
-}
-
-func (i indexerImpl) String() string {
-	if i.name == "pool" {
-		return fmt.Sprintf("impl=pool/lanes=%d", i.lanes)
-	}
-	return "impl=" + i.name
-}
-
-func (i indexerImpl) new(blockSize int) shardpool.Indexer {
-	if i.name == "pool" {
-		return shardpool.NewPool(i.lanes, blockSize)
-	}
-	return shardpool.NewSingle(blockSize)
-}
-
 // parseImpls reads -compare and -lanes.
-func parseImpls(compare, lanes string) ([]indexerImpl, error) {
-	var ls []int
-	for _, f := range strings.Split(lanes, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("-lanes: %q is not a lane count >= 1", f)
-		}
-		ls = append(ls, n)
+func parseImpls(compare, lanes string) ([]shardpool.Impl, error) {
+	ls, err := shardpool.ParseLanes(lanes)
+	if err != nil {
+		return nil, fmt.Errorf("-lanes: %w", err)
 	}
-	var out []indexerImpl
-	for _, name := range strings.Split(compare, ",") {
-		switch strings.TrimSpace(name) {
-		case "single":
-			out = append(out, indexerImpl{name: "single", lanes: 1})
-		case "pool":
-			for _, n := range ls {
-				out = append(out, indexerImpl{name: "pool", lanes: n})
-			}
-		default:
-			return nil, fmt.Errorf("-compare: unknown index %q (want single, pool)", name)
-		}
+	impls, err := shardpool.ParseImpls(compare, ls)
+	if err != nil {
+		return nil, fmt.Errorf("-compare: %w", err)
 	}
-	return out, nil
+	return impls, nil
 }
 
 // Latencies summarises FindMatches latency in µs.
@@ -145,7 +111,7 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	fs.Float64Var(&cfg.Speedup, "speedup", 1, "divide the trace's arrival times by this before building events")
 	dup := fs.Int("dup", 1, "replay this many copies of the workload, in disjoint hash spaces")
 	duration := fs.Duration("duration", 30*time.Second, "compress the timeline into this window (at most 10m)")
-	compare := fs.String("compare", "single,pool", "indexes to compare: single, pool")
+	compare := fs.String("compare", "single,pool,compressed", "indexes to compare: single, pool (over ConcurrentTree), compressed (pool over CompressedTree)")
 	lanes := fs.String("lanes", "2", "pool lanes; a comma list runs one pool per value")
 	producers := fs.Int("producers", 0, "goroutines replaying the timeline (0: one per simulated worker)")
 	sweep := fs.Bool("sweep", false, "raise the offered rate (halving the window) until each index saturates")
@@ -328,7 +294,7 @@ func newTimeline(ops []replay.Op, producers, workers int) *timeline {
 
 // run replays the timeline once, compressed into window, against a fresh
 // index.
-func (t *timeline) run(im indexerImpl, blockSize int, window time.Duration, stopped *atomic.Bool, progress io.Writer) indexerResult {
+func (t *timeline) run(im shardpool.Impl, blockSize int, window time.Duration, stopped *atomic.Bool, progress io.Writer) indexerResult {
 	lat := make([][]time.Duration, len(t.parts))
 	for p, part := range t.parts {
 		lat[p] = make([]time.Duration, 0, len(part)/8+1)
@@ -337,7 +303,7 @@ func (t *timeline) run(im indexerImpl, blockSize int, window time.Duration, stop
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
 
-	idx := im.new(blockSize)
+	idx := im.New(blockSize)
 	defer idx.Close()
 	scale := 0.0
 	if t.span > 0 {
@@ -419,7 +385,7 @@ wait:
 	runtime.ReadMemStats(&after)
 
 	r := indexerResult{
-		Impl: im.name, Lanes: im.lanes, DurationS: window.Seconds(), ElapsedS: elapsed.Seconds(),
+		Impl: im.Name, Lanes: im.Lanes, DurationS: window.Seconds(), ElapsedS: elapsed.Seconds(),
 		Ops: len(t.ops), Events: t.events, Matches: t.matches,
 		OfferedOpsS:      float64(len(t.ops)) / window.Seconds(),
 		AchievedOpsS:     float64(done.Load()) / max(elapsed, window).Seconds(),
@@ -439,7 +405,7 @@ wait:
 
 // sweepIndex halves the window (doubling the offered rate) until the index
 // saturates, and reports the last unsaturated step as the threshold.
-func sweepIndex(t *timeline, im indexerImpl, blockSize int, window time.Duration, steps int, stopped *atomic.Bool, progress io.Writer) indexerResult {
+func sweepIndex(t *timeline, im shardpool.Impl, blockSize int, window time.Duration, steps int, stopped *atomic.Bool, progress io.Writer) indexerResult {
 	var best, last indexerResult
 	var pts []sweepPt
 	for k := range steps {
@@ -483,7 +449,7 @@ func printIndexer(w io.Writer, rep indexerReport) {
 			threshold = fmt.Sprintf("%.0f", r.ThresholdOpsS)
 		}
 		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f%%\t%.0f\t%s\t%s\t\n",
-			indexerImpl{r.Impl, r.Lanes}, r.OfferedOpsS, r.AchievedOpsS, r.AchievedBlockOpS,
+			shardpool.Impl{Name: r.Impl, Lanes: r.Lanes}, r.OfferedOpsS, r.AchievedOpsS, r.AchievedBlockOpS,
 			r.FindMatchesUs.P50, r.FindMatchesUs.P99, r.FindMatchesUs.P999, 100*r.EventsQueuedFrac, r.BytesPerPair, threshold, verdict)
 	}
 	tw.Flush()
@@ -494,7 +460,7 @@ func printIndexerBench(w io.Writer, rep indexerReport) {
 	fmt.Fprintf(w, "goos: %s\ngoarch: %s\npkg: github.com/kvradix/kvradix/cmd/loadgen\n", runtime.GOOS, runtime.GOARCH)
 	for _, r := range rep.Results {
 		fmt.Fprintf(w, "BenchmarkIndexer/%s 1 %.0f ns/op %.0f p50-ns %.0f p99-ns %.0f p999-ns %.0f ops/s %.0f blocks/s %.1f B/pair",
-			indexerImpl{r.Impl, r.Lanes}, r.ElapsedS*1e9, r.FindMatchesUs.P50*1e3, r.FindMatchesUs.P99*1e3, r.FindMatchesUs.P999*1e3,
+			shardpool.Impl{Name: r.Impl, Lanes: r.Lanes}, r.ElapsedS*1e9, r.FindMatchesUs.P50*1e3, r.FindMatchesUs.P99*1e3, r.FindMatchesUs.P999*1e3,
 			r.AchievedOpsS, r.AchievedBlockOpS, r.BytesPerPair)
 		if r.ThresholdOpsS > 0 {
 			fmt.Fprintf(w, " %.0f threshold-ops/s", r.ThresholdOpsS)

@@ -24,15 +24,16 @@ func TestIndexerJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	if len(rep.Results) != 3 {
-		t.Fatalf("%d results, want single + two pools", len(rep.Results))
+	if len(rep.Results) != 5 {
+		t.Fatalf("%d results, want single + two pools + two compressed pools", len(rep.Results))
 	}
 	for _, k := range []string{"impl", "lanes", "offered_ops_s", "achieved_ops_s", "achieved_block_ops_s", "find_matches_us", "events_queued_frac", "bytes_per_pair", "saturated"} {
 		if _, ok := rep.Results[0][k]; !ok {
 			t.Errorf("result lacks %q", k)
 		}
 	}
-	if rep.Results[2]["impl"] != "pool" || rep.Results[2]["lanes"] != 2.0 || rep.Results[0]["impl"] != "single" {
+	if rep.Results[2]["impl"] != "pool" || rep.Results[2]["lanes"] != 2.0 || rep.Results[0]["impl"] != "single" ||
+		rep.Results[4]["impl"] != "compressed" || rep.Results[4]["lanes"] != 2.0 {
 		t.Fatalf("%v", rep.Results)
 	}
 	lat := rep.Results[1]["find_matches_us"].(map[string]any)

@@ -257,14 +257,14 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	if stopped.Load() {
 		res.IndexDiff = "interrupted"
 	} else {
-		a, errA := radixtest.FromDump(pool.Tree())
+		a, errA := radixtest.FromDump(pool.Index())
 		b, errB := radixtest.FromDump(want)
 		switch {
 		case errA != nil || errB != nil:
 			res.IndexDiff = fmt.Sprint(errA, errB)
 		default:
 			res.IndexDiff = a.Diff(b)
-			res.IndexEqual = res.IndexDiff == "" && pool.Tree().Size() == want.Size()
+			res.IndexEqual = res.IndexDiff == "" && pool.Index().Size() == want.Size()
 		}
 	}
 	switch {

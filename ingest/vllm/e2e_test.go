@@ -168,7 +168,7 @@ func TestEndToEndRepairAndRestart(t *testing.T) {
 	b.publish(t, 1, want)
 	settle(t, sub, a, b)
 
-	sameIndex(t, pool.Tree(), want)
+	sameIndex(t, pool.Index(), want)
 	st := sub.Stats()
 	if st.GapsFound == 0 || st.GapsRepaired != st.GapsFound || st.GapsLost != 0 || st.BatchesLost != 0 || st.Restarts != 1 || st.Replayed == 0 {
 		t.Fatalf("stats %+v", st)

@@ -1,0 +1,71 @@
+package shardpool
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/kvradix/kvradix/radix"
+)
+
+// Impl names an indexer the way the benchmarks, the load generator and the
+// tests spell it: "single" (Single), "pool" (Pool over a ConcurrentTree)
+// or "compressed" (Pool over a CompressedTree), with the pool's lanes.
+type Impl struct {
+	Name  string
+	Lanes int // pools only
+}
+
+// ImplNames lists every indexer implementation, baseline first.
+var ImplNames = []string{"single", "pool", "compressed"}
+
+// New starts the indexer for the block size.
+func (i Impl) New(blockSize int) Indexer {
+	switch i.Name {
+	case "pool":
+		return NewPoolOver(i.Lanes, blockSize, radix.NewConcurrentTree())
+	case "compressed":
+		return NewPoolOver(i.Lanes, blockSize, radix.NewCompressedTree())
+	}
+	return NewSingle(blockSize)
+}
+
+// String is the benchmark-name form: impl=single, impl=pool/lanes=2.
+func (i Impl) String() string {
+	if i.Name == "single" {
+		return "impl=single"
+	}
+	return fmt.Sprintf("impl=%s/lanes=%d", i.Name, i.Lanes)
+}
+
+// ParseLanes reads a comma-separated list of lane counts (each >= 1).
+func ParseLanes(lanes string) ([]int, error) {
+	var ls []int
+	for _, f := range strings.Split(lanes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a lane count >= 1", f)
+		}
+		ls = append(ls, n)
+	}
+	return ls, nil
+}
+
+// ParseImpls reads a comma-separated list of implementation names; each
+// pool is taken at every lane count.
+func ParseImpls(names string, lanes []int) ([]Impl, error) {
+	var out []Impl
+	for _, name := range strings.Split(names, ",") {
+		switch name = strings.TrimSpace(name); name {
+		case "single":
+			out = append(out, Impl{Name: name, Lanes: 1})
+		case "pool", "compressed":
+			for _, n := range lanes {
+				out = append(out, Impl{Name: name, Lanes: n})
+			}
+		default:
+			return nil, fmt.Errorf("unknown index %q (want %s)", name, strings.Join(ImplNames, ", "))
+		}
+	}
+	return out, nil
+}
