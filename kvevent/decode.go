@@ -14,9 +14,26 @@ import (
 // data are skipped (their values still validated), as serde does by
 // default; the data object must hold exactly one known variant.
 type decoder struct {
-	b []byte
-	i int
+	b     []byte
+	i     int
+	depth int // objects and arrays open around the value being skipped
 }
+
+// MaxNesting bounds how deeply the values of unknown keys may nest: skipping
+// them recurses, and a line of a million '[' must be an error, not a stack
+// overflow that ends the process.
+const MaxNesting = 64
+
+// MaxBlocks bounds the blocks of one Stored event and the hashes of one
+// Removed event (a million blocks is a prompt of 16M tokens at block size
+// 16), so that one line cannot make the decoder allocate gigabytes.
+const MaxBlocks = 1 << 20
+
+// ErrTooDeep and ErrTooMany are the errors past MaxNesting and MaxBlocks.
+var (
+	ErrTooDeep = fmt.Errorf("values nested deeper than %d", MaxNesting)
+	ErrTooMany = fmt.Errorf("more than %d blocks in one event", MaxBlocks)
+)
 
 var errEnd = errors.New("unexpected end of JSON input")
 
@@ -236,12 +253,18 @@ func (d *decoder) array(field string, each func(i int) error) error {
 	}
 }
 
-// skip consumes and validates any value.
+// skip consumes and validates any value, nested at most MaxNesting deep.
 func (d *decoder) skip(field string) error {
-	switch d.peek() {
-	case '{':
-		return d.object(field, func([]byte) error { return d.skip(field) })
-	case '[':
+	switch c := d.peek(); c {
+	case '{', '[':
+		if d.depth == MaxNesting {
+			return &FieldError{Field: field, Err: fmt.Errorf("%w at offset %d", ErrTooDeep, d.i)}
+		}
+		d.depth++
+		defer func() { d.depth-- }()
+		if c == '{' {
+			return d.object(field, func([]byte) error { return d.skip(field) })
+		}
 		return d.array(field, func(int) error { return d.skip(field) })
 	case '"':
 		_, err := d.str(field)
@@ -410,6 +433,9 @@ func (d *decoder) stored() (Data, error) {
 			haveBlocks = true
 			s.Blocks = s.Blocks[:0]
 			return d.array("stored.blocks", func(i int) error {
+				if i == MaxBlocks {
+					return &FieldError{Field: "stored.blocks", Err: ErrTooMany}
+				}
 				blk, err := d.block()
 				s.Blocks = append(s.Blocks, blk)
 				return indexed(err, i)
@@ -484,6 +510,9 @@ func (d *decoder) removed() (Data, error) {
 		have = true
 		r.BlockHashes = r.BlockHashes[:0]
 		return d.array("removed.block_hashes", func(i int) error {
+			if i == MaxBlocks {
+				return &FieldError{Field: "removed.block_hashes", Err: ErrTooMany}
+			}
 			v, err := d.uint("removed.block_hashes"+indexMark, 64)
 			r.BlockHashes = append(r.BlockHashes, v)
 			return indexed(err, i)

@@ -2,14 +2,14 @@ package kvevent
 
 import (
 	"bufio"
-	"fmt"
 	"io"
 
 	"github.com/kvradix/kvradix/internal/lines"
 )
 
-// MaxLineBytes bounds one JSON Lines record; longer lines are an error.
-const MaxLineBytes = 64 << 20
+// MaxLineBytes bounds one JSON Lines record; a longer line is skipped to
+// its end and reported as a *LineError.
+const MaxLineBytes = lines.MaxBytes
 
 // Reader decodes a JSON Lines stream of RouterEvents, one per line. Blank
 // lines are skipped. It is not safe for concurrent use.
@@ -22,14 +22,10 @@ func NewReader(r io.Reader) *Reader {
 	return &Reader{lr: lines.NewReader(r, MaxLineBytes)}
 }
 
-// LineError is a decoding error with the 1-based line it happened on.
-type LineError struct {
-	Line int
-	Err  error
-}
-
-func (e *LineError) Error() string { return fmt.Sprintf("line %d: %v", e.Line, e.Err) }
-func (e *LineError) Unwrap() error { return e.Err }
+// LineError is an error in one line, with its 1-based number (the field is
+// named by a wrapped *FieldError). It is the one line error of kvradix's
+// readers: trace.LineError is the same type.
+type LineError = lines.Error
 
 // Next decodes the next event. It returns io.EOF after the last one, and a
 // *LineError naming the line (and, through a wrapped *FieldError, the field)

@@ -110,6 +110,7 @@ func (k Kind) String() string {
 // Data is an event's variant: Stored, Removed or Cleared, and nothing else.
 type Data interface {
 	Kind() Kind
+	isData() // seals the interface: only this package's types are data
 }
 
 // Stored says the worker now holds Blocks, a chain in which each block
@@ -132,6 +133,10 @@ type Cleared struct{}
 func (Stored) Kind() Kind  { return KindStored }
 func (Removed) Kind() Kind { return KindRemoved }
 func (Cleared) Kind() Kind { return KindCleared }
+
+func (Stored) isData()  {}
+func (Removed) isData() {}
+func (Cleared) isData() {}
 
 // Event is one KV cache event of a worker.
 type Event struct {

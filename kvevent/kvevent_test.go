@@ -226,6 +226,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"worker_id":7,"event":{"event_id":3,"data":{"removed":{"block_hashes":[11,12]}}}}`))
 	f.Add([]byte(`{"worker_id":7,"event":{"event_id":3,"data":"cleared","dp_rank":2}}`))
 	f.Add([]byte(`{"worker_id":7,"event":{"event_id":3,"data":{"stored":{"parent_hash":4,"blocks":[]}}}}`))
+	f.Add([]byte(`{"worker_id":7,"x":` + strings.Repeat("[", MaxNesting+1) + strings.Repeat("]", MaxNesting+1) + `,"event":{"event_id":3,"data":"cleared"}}`))
+	f.Add([]byte(`{"worker_id":7,"x":` + strings.Repeat(`{"a":`, MaxNesting) + `1` + strings.Repeat("}", MaxNesting) + `,"event":{"event_id":3,"data":"cleared"}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var ev RouterEvent
 		if err := ev.UnmarshalJSON(b); err != nil {
@@ -274,5 +276,75 @@ func BenchmarkJSON(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 		})
+	}
+}
+
+// TestDecodeBounds: nesting that would overflow the stack and block arrays
+// that would allocate gigabytes are errors naming the field, not crashes.
+func TestDecodeBounds(t *testing.T) {
+	tail := `,"event":{"event_id":3,"data":"cleared"}}`
+	ok := `{"worker_id":7,"x":` + strings.Repeat("[", MaxNesting) + strings.Repeat("]", MaxNesting) + tail
+	var ev RouterEvent
+	if err := ev.UnmarshalJSON([]byte(ok)); err != nil {
+		t.Fatalf("nesting %d: %v", MaxNesting, err)
+	}
+	// 6 MB of '[' overflowed the goroutine stack before the bound.
+	deep := `{"worker_id":7,"x":` + strings.Repeat("[", 6<<20) + tail
+	err := ev.UnmarshalJSON([]byte(deep))
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "x" || !errors.Is(err, ErrTooDeep) {
+		t.Fatalf("deep nesting: %v", err)
+	}
+
+	var b strings.Builder
+	b.WriteString(`{"worker_id":7,"event":{"event_id":1,"data":{"removed":{"block_hashes":[`)
+	for i := range MaxBlocks + 1 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('1')
+	}
+	b.WriteString(`]}}}}`)
+	err = ev.UnmarshalJSON([]byte(b.String()))
+	if !errors.As(err, &fe) || !strings.HasSuffix(fe.Field, "removed.block_hashes") || !errors.Is(err, ErrTooMany) {
+		t.Fatalf("too many hashes: %v", err)
+	}
+	stored := `{"worker_id":7,"event":{"event_id":1,"data":{"stored":{"parent_hash":null,"blocks":[` +
+		strings.Repeat(`{"block_hash":1,"tokens_hash":2},`, MaxBlocks) + `{"block_hash":1,"tokens_hash":2}]}}}}`
+	err = ev.UnmarshalJSON([]byte(stored))
+	if !errors.As(err, &fe) || !strings.HasSuffix(fe.Field, "stored.blocks") || !errors.Is(err, ErrTooMany) {
+		t.Fatalf("too many blocks: %v", err)
+	}
+}
+
+// TestReaderSkipsOverlongLines: a line over the bound is reported with its
+// own number, and its tail is never decoded as an event of its own.
+func TestReaderSkipsOverlongLines(t *testing.T) {
+	crafted := `{"worker_id":666,"event":{"event_id":1,"data":"cleared"}}`
+	good := `{"worker_id":7,"event":{"event_id":2,"data":"cleared"}}`
+	in := good + "\n" + `{"worker_id":1,"x":"` + strings.Repeat("a", MaxLineBytes) + `"}` + crafted + "\n" + good + "\n"
+	r := NewReader(strings.NewReader(in))
+	if _, err := r.Next(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := r.Next()
+	var le *LineError
+	if !errors.As(err, &le) || le.Line != 2 {
+		t.Fatalf("overlong line: %v", err)
+	}
+	ev, err := r.Next()
+	if err != nil || ev.WorkerID != 7 || r.Line() != 3 {
+		t.Fatalf("after the overlong line: worker %d line %d (%v), want worker 7 line 3", ev.WorkerID, r.Line(), err)
+	}
+}
+
+// foreign tries to be event data from outside the package.
+type foreign struct{}
+
+func (foreign) Kind() Kind { return KindStored }
+
+func TestDataIsSealed(t *testing.T) {
+	if reflect.TypeFor[foreign]().Implements(reflect.TypeFor[Data]()) {
+		t.Fatal("a type outside the variants satisfies Data")
 	}
 }

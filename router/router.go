@@ -214,18 +214,25 @@ func (r *Router) shutdownErr(err error) error {
 }
 
 // OnFirstToken marks the request's prefill completed. It returns false in
-// round-robin mode (nothing is tracked), true in KV mode.
+// round-robin mode (nothing is tracked), true in KV mode; after Shutdown,
+// false and ErrShutdown.
 func (r *Router) OnFirstToken(id uuid.UUID) (bool, error) {
-	if r.mode == RoundRobin {
+	switch {
+	case r.closed.Load():
+		return false, ErrShutdown
+	case r.mode == RoundRobin:
 		return false, nil
 	}
 	return true, r.sched.MarkPrefillCompleted(id)
 }
 
 // OnComplete frees the request. It returns false in round-robin mode, true
-// in KV mode.
+// in KV mode; after Shutdown, false and ErrShutdown.
 func (r *Router) OnComplete(id uuid.UUID) (bool, error) {
-	if r.mode == RoundRobin {
+	switch {
+	case r.closed.Load():
+		return false, ErrShutdown
+	case r.mode == RoundRobin:
 		return false, nil
 	}
 	return true, r.sched.Free(id)

@@ -65,6 +65,11 @@ func TestConfigValidation(t *testing.T) {
 		"weight":      func(c *router.Config) { c.OverlapWeight = -1 },
 		"temperature": func(c *router.Config) { c.Temperature = -1 },
 		"lanes":       func(c *router.Config) { c.IndexerLanes = 0 },
+		"weight inf":  func(c *router.Config) { c.OverlapWeight = math.Inf(1) },
+		"weight nan":  func(c *router.Config) { c.OverlapWeight = math.NaN() },
+		"temp inf":    func(c *router.Config) { c.Temperature = math.Inf(1) },
+		"temp nan":    func(c *router.Config) { c.Temperature = math.NaN() },
+		"queue inf":   func(c *router.Config) { c.QueueThreshold = math.Inf(1) },
 	}
 	for name, edit := range edits {
 		cfg := router.DefaultConfig()
@@ -216,6 +221,20 @@ func TestLifecycleAndShutdown(t *testing.T) {
 	}
 	if err := r.Shutdown(); !errors.Is(err, router.ErrShutdown) {
 		t.Fatalf("second shutdown: %v", err)
+	}
+	for _, mode := range []router.Mode{router.KV, router.RoundRobin} {
+		r := newRouter(t, mode, 2, nil)
+		id := uuid.New()
+		if _, err := r.SelectWorker(context.Background(), router.Request{UUID: id, Tokens: seq(20, 0)}); err != nil {
+			t.Fatal(err)
+		}
+		_ = r.Shutdown()
+		if ok, err := r.OnFirstToken(id); ok || !errors.Is(err, router.ErrShutdown) {
+			t.Fatalf("%v: first token after shutdown: %v %v", mode, ok, err)
+		}
+		if ok, err := r.OnComplete(id); ok || !errors.Is(err, router.ErrShutdown) {
+			t.Fatalf("%v: complete after shutdown: %v %v", mode, ok, err)
+		}
 	}
 }
 

@@ -116,17 +116,21 @@ type activeRequest struct {
 	prefill int // prefill tokens still counted
 }
 
+// finiteNonNegative rejects NaN, infinities and negatives: an infinite
+// weight or temperature turns every cost into Inf or NaN.
+func finiteNonNegative(x float64) bool { return x >= 0 && !math.IsInf(x, 1) }
+
 // NewScheduler returns a scheduler over the given workers.
 func NewScheduler(cfg SchedulerConfig, workers []kvevent.Worker) (*Scheduler, error) {
 	switch {
 	case cfg.BlockSize <= 0:
 		return nil, fmt.Errorf("router: block size %d, want > 0", cfg.BlockSize)
-	case cfg.OverlapWeight < 0 || math.IsNaN(cfg.OverlapWeight):
-		return nil, fmt.Errorf("router: overlap weight %v, want >= 0", cfg.OverlapWeight)
-	case cfg.Temperature < 0 || math.IsNaN(cfg.Temperature):
-		return nil, fmt.Errorf("router: temperature %v, want >= 0", cfg.Temperature)
-	case cfg.QueueThreshold < 0 || math.IsNaN(cfg.QueueThreshold):
-		return nil, fmt.Errorf("router: queue threshold %v, want >= 0", cfg.QueueThreshold)
+	case !finiteNonNegative(cfg.OverlapWeight):
+		return nil, fmt.Errorf("router: overlap weight %v, want finite and >= 0", cfg.OverlapWeight)
+	case !finiteNonNegative(cfg.Temperature):
+		return nil, fmt.Errorf("router: temperature %v, want finite and >= 0", cfg.Temperature)
+	case !finiteNonNegative(cfg.QueueThreshold):
+		return nil, fmt.Errorf("router: queue threshold %v, want finite and >= 0", cfg.QueueThreshold)
 	case cfg.QueueThreshold > 0 && cfg.MaxBatchedTokens <= 0:
 		return nil, fmt.Errorf("router: max batched tokens %d, want > 0 with queueing", cfg.MaxBatchedTokens)
 	case len(workers) == 0:

@@ -150,33 +150,68 @@ func (c *counters) stats(depth int) Stats {
 
 // gate guards the sending side of an indexer's queues against Close: senders
 // hold it shared while they send, Close takes it exclusively, so no send can
-// race the closing of a channel, and sends after Close fail cleanly.
+// race the closing of a channel, and sends after Close fail cleanly. Its
+// zero value is the gate of an indexer not made by its constructor: every
+// call fails with ErrNotStarted instead of blocking on a nil channel.
 type gate struct {
-	mu     sync.RWMutex
-	closed bool
+	mu    sync.RWMutex
+	state gateState
 }
 
-// enter returns ErrClosed, or nil with the gate held shared; leave releases.
+type gateState uint8
+
+const (
+	gateZero gateState = iota
+	gateOpen
+	gateClosed
+)
+
+func (g gateState) err() error {
+	if g == gateZero {
+		return ErrNotStarted
+	}
+	return ErrClosed
+}
+
+// ErrNotStarted is returned by every call on a zero Single or Pool: use
+// NewSingle, NewPool or NewPoolOver.
+var ErrNotStarted = errors.New("shardpool: indexer not started (use its constructor)")
+
+// open marks the gate of a started indexer.
+func (g *gate) open() { g.state = gateOpen }
+
+// enter returns ErrClosed or ErrNotStarted, or nil with the gate held
+// shared; leave releases.
 func (g *gate) enter() error {
 	g.mu.RLock()
-	if g.closed {
+	if g.state != gateOpen {
 		g.mu.RUnlock()
-		return ErrClosed
+		return g.state.err()
 	}
 	return nil
 }
 
 func (g *gate) leave() { g.mu.RUnlock() }
 
-// shut closes the gate; it reports false if it was already closed.
-func (g *gate) shut() bool {
+// usable returns the error of a call on an indexer not open, without
+// holding the gate.
+func (g *gate) usable() error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	g.leave()
+	return nil
+}
+
+// shut closes an open gate, or returns why it cannot.
+func (g *gate) shut() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closed {
-		return false
+	if g.state != gateOpen {
+		return g.state.err()
 	}
-	g.closed = true
-	return true
+	g.state = gateClosed
+	return nil
 }
 
 // hasher hashes request tokens with reused buffers.

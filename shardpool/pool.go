@@ -55,6 +55,7 @@ func NewPoolOver(lanes, blockSize int, idx radix.ConcurrentIndex) *Pool {
 		lanes:  make([]chan msg, lanes),
 		assign: xsync.NewMap[kvevent.WorkerID, int](),
 	}
+	p.gate.open()
 	for i := range p.lanes {
 		p.lanes[i] = make(chan msg, QueueSize)
 		p.wg.Add(1)
@@ -144,14 +145,17 @@ func (p *Pool) ApplyEvent(ev kvevent.RouterEvent) error {
 
 // FindMatches implements Indexer; it runs on the caller's goroutine.
 func (p *Pool) FindMatches(local []uint64) (radix.OverlapScores, error) {
-	if p.closed.Load() {
-		return radix.OverlapScores{}, ErrClosed
+	if p.closed.Load() || p.tree == nil {
+		return radix.OverlapScores{}, p.gate.usable()
 	}
 	return p.tree.FindMatches(local, false), nil
 }
 
 // FindMatchesForRequest implements Indexer.
 func (p *Pool) FindMatchesForRequest(tokens []uint32, lora string) (radix.OverlapScores, error) {
+	if err := p.gate.usable(); err != nil {
+		return radix.OverlapScores{}, err
+	}
 	return p.h.match(tokens, lora, p.FindMatches)
 }
 
@@ -185,8 +189,8 @@ func (p *Pool) Flush() (int, error) {
 
 // Close implements Indexer.
 func (p *Pool) Close() error {
-	if !p.gate.shut() {
-		return ErrClosed
+	if err := p.gate.shut(); err != nil {
+		return err
 	}
 	p.closed.Store(true)
 	for _, ch := range p.lanes {
@@ -203,6 +207,8 @@ func (p *Pool) Stats() Stats {
 		depth += len(ch)
 	}
 	st := p.c.stats(depth)
-	st.Pairs = p.tree.Size()
+	if p.tree != nil {
+		st.Pairs = p.tree.Size()
+	}
 	return st
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -285,5 +286,35 @@ func TestPoolBatchStats(t *testing.T) {
 	}
 	if p.Lanes() != 2 || p.Index().Size() != 8 {
 		t.Fatalf("lanes %d size %d", p.Lanes(), p.Index().Size())
+	}
+}
+
+// TestZeroValues: an indexer not made by its constructor fails every call
+// with ErrNotStarted; before, ApplyEvent blocked forever on a nil channel.
+func TestZeroValues(t *testing.T) {
+	for name, idx := range map[string]shardpool.Indexer{"single": &shardpool.Single{}, "pool": &shardpool.Pool{}} {
+		done := make(chan []error, 1)
+		go func() {
+			ev := radixtest.Stored(kvevent.Worker{ID: 1}, -1, 10, 1)
+			_, e1 := idx.FindMatches([]uint64{1})
+			_, e2 := idx.FindMatchesForRequest(make([]uint32, 32), "")
+			_, e3 := idx.Flush()
+			ev2 := ev
+			ev2.Tier = kvevent.TierHostPinned
+			done <- []error{idx.ApplyEvent(ev), idx.ApplyEvent(ev2), e1, e2, idx.RemoveWorker(1), e3, idx.Close()}
+		}()
+		select {
+		case errs := <-done:
+			for i, err := range errs {
+				if !errors.Is(err, shardpool.ErrNotStarted) {
+					t.Errorf("%s: call %d: %v, want ErrNotStarted", name, i, err)
+				}
+			}
+			if st := idx.Stats(); st.Queued != 0 || st.Pairs != 0 {
+				t.Errorf("%s: stats %+v", name, st)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: a call on the zero value blocked", name)
+		}
 	}
 }

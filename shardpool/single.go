@@ -44,6 +44,7 @@ type result struct {
 // NewSingle starts a single-threaded indexer for the given block size.
 func NewSingle(blockSize int) *Single {
 	s := &Single{h: newHasher(blockSize), ch: make(chan msg, QueueSize), done: make(chan struct{})}
+	s.gate.open()
 	go s.run(radix.NewTree())
 	return s
 }
@@ -94,10 +95,9 @@ func (s *Single) call(m msg) (result, error) {
 // ApplyEvent implements Indexer.
 func (s *Single) ApplyEvent(ev kvevent.RouterEvent) error {
 	if !ev.Tier.IsGPU() {
-		if s.gate.enter() != nil {
-			return ErrClosed
+		if err := s.gate.usable(); err != nil {
+			return err
 		}
-		s.gate.leave()
 		s.c.ignoredTier.Add(1)
 		return nil
 	}
@@ -117,6 +117,9 @@ func (s *Single) FindMatches(local []uint64) (radix.OverlapScores, error) {
 
 // FindMatchesForRequest implements Indexer.
 func (s *Single) FindMatchesForRequest(tokens []uint32, lora string) (radix.OverlapScores, error) {
+	if err := s.gate.usable(); err != nil {
+		return radix.OverlapScores{}, err
+	}
 	return s.h.match(tokens, lora, s.FindMatches)
 }
 
@@ -133,8 +136,8 @@ func (s *Single) Flush() (int, error) {
 
 // Close implements Indexer.
 func (s *Single) Close() error {
-	if !s.gate.shut() {
-		return ErrClosed
+	if err := s.gate.shut(); err != nil {
+		return err
 	}
 	close(s.ch)
 	<-s.done

@@ -19,6 +19,10 @@ type SynthConfig struct {
 	OutputTokens  int     // mean output tokens per turn
 }
 
+// MaxSynthRate bounds SynthConfig.Rate: past it, arrival times in ms no
+// longer move forward.
+const MaxSynthRate = 1e9
+
 // DefaultSynth returns a moderate chat workload.
 func DefaultSynth() SynthConfig {
 	return SynthConfig{
@@ -30,10 +34,10 @@ func DefaultSynth() SynthConfig {
 // Validate reports the first invalid knob.
 func (c SynthConfig) Validate() error {
 	switch {
-	case c.Requests < 0:
-		return fmt.Errorf("synth: requests %d, want >= 0", c.Requests)
-	case !(c.Rate > 0):
-		return fmt.Errorf("synth: rate %v, want > 0", c.Rate)
+	case c.Requests < 1:
+		return fmt.Errorf("synth: requests %d, want >= 1", c.Requests)
+	case !(c.Rate > 0 && c.Rate <= MaxSynthRate):
+		return fmt.Errorf("synth: rate %v, want in (0, %g] requests/s", c.Rate, MaxSynthRate)
 	case c.SystemPrompts < 1:
 		return fmt.Errorf("synth: system prompts %d, want >= 1", c.SystemPrompts)
 	case c.SystemTokens < 0:

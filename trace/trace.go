@@ -46,27 +46,16 @@ type Reader struct {
 	line int
 }
 
-// MaxLineBytes bounds one trace line.
-const MaxLineBytes = 64 << 20
+// MaxLineBytes bounds one trace line; a longer line is skipped to its end
+// and reported as a *LineError.
+const MaxLineBytes = lines.MaxBytes
 
 // NewReader returns a Reader over r.
 func NewReader(r io.Reader) *Reader { return &Reader{lr: lines.NewReader(r, MaxLineBytes)} }
 
-// LineError is an error in one line of a trace.
-type LineError struct {
-	Line  int
-	Field string // empty when the line is not JSON at all
-	Err   error
-}
-
-func (e *LineError) Error() string {
-	if e.Field == "" {
-		return fmt.Sprintf("line %d: %v", e.Line, e.Err)
-	}
-	return fmt.Sprintf("line %d: %s: %v", e.Line, e.Field, e.Err)
-}
-
-func (e *LineError) Unwrap() error { return e.Err }
+// LineError is an error in one line of a trace, naming the line and, when
+// known, the field; it is kvevent.LineError too.
+type LineError = lines.Error
 
 type wireRequest struct {
 	Timestamp    *float64  `json:"timestamp"`
@@ -116,20 +105,35 @@ func (r *Reader) parse(line []byte) (Request, error) {
 	case w.HashIDs == nil:
 		return bad("hash_ids", errMissing)
 	}
-	if want := (*w.InputLength + TraceBlockSize - 1) / TraceBlockSize; len(*w.HashIDs) != want {
+	if want := ceilDiv(*w.InputLength, TraceBlockSize); len(*w.HashIDs) != want {
 		return bad("hash_ids", fmt.Errorf("%d ids for %d input tokens, want ceil(%d/%d) = %d",
 			len(*w.HashIDs), *w.InputLength, *w.InputLength, TraceBlockSize, want))
 	}
 	return Request{Timestamp: *w.Timestamp, InputLength: *w.InputLength, OutputLength: *w.OutputLength, HashIDs: *w.HashIDs}, nil
 }
 
-// ReadAll reads every request of r.
+// ceilDiv is ⌈a/b⌉ for a > 0, without overflowing near the top of int.
+func ceilDiv(a, b int) int {
+	q := a / b
+	if a%b != 0 {
+		q++
+	}
+	return q
+}
+
+// ErrEmpty is the error of a trace with no request.
+var ErrEmpty = errors.New("trace has no request")
+
+// ReadAll reads every request of r; a trace without any is ErrEmpty.
 func ReadAll(r io.Reader) ([]Request, error) {
 	tr := NewReader(r)
 	var out []Request
 	for {
 		req, err := tr.Next()
 		if errors.Is(err, io.EOF) {
+			if len(out) == 0 {
+				return nil, ErrEmpty
+			}
 			return out, nil
 		}
 		if err != nil {

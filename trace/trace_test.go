@@ -2,6 +2,7 @@ package trace
 
 import (
 	"errors"
+	"math"
 	"io"
 	"slices"
 	"strings"
@@ -23,6 +24,8 @@ func TestReaderErrorsNameLineAndField(t *testing.T) {
 		{`{"timestamp": 0, "input_length": "many", "output_length": 5, "hash_ids": [1, 2]}`, "input_length", "cannot use"},
 		{`{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, -2]}`, "hash_ids", "cannot use"},
 		{`{"timestamp": 0,`, "", "unexpected end"},
+		// ceil(input_length/512) overflowed in the message before.
+		{`{"timestamp": 0, "input_length": 9223372036854775807, "output_length": 5, "hash_ids": [1]}`, "hash_ids", "want ceil(9223372036854775807/512) = 18014398509481984"},
 	}
 	for _, tc := range tests {
 		r := NewReader(strings.NewReader(good + "\n\n" + tc.line + "\n"))
@@ -154,5 +157,28 @@ func TestSynthesize(t *testing.T) {
 	bad.Skew = 0.5
 	if _, err := Synthesize(bad); err == nil {
 		t.Fatal("skew 0.5 accepted")
+	}
+}
+
+func TestEmptyTraceIsAnError(t *testing.T) {
+	for _, in := range []string{"", "\n\n  \n"} {
+		if reqs, err := ReadAll(strings.NewReader(in)); !errors.Is(err, ErrEmpty) {
+			t.Errorf("%q: %d requests, %v; want ErrEmpty", in, len(reqs), err)
+		}
+	}
+}
+
+func TestSynthRejectsRatesThatGiveNoTime(t *testing.T) {
+	for _, rate := range []float64{math.Inf(1), 1e300, math.NaN(), 0, -1} {
+		c := DefaultSynth()
+		c.Rate = rate
+		if _, err := Synthesize(c); err == nil || !strings.Contains(err.Error(), "rate") {
+			t.Errorf("rate %v: %v", rate, err)
+		}
+	}
+	c := DefaultSynth()
+	c.Requests = 0
+	if _, err := Synthesize(c); err == nil {
+		t.Error("zero requests accepted")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -89,6 +90,10 @@ func TestIndexerInterrupted(t *testing.T) {
 }
 
 func TestIndexerBadFlags(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty.jsonl")
+	if err := os.WriteFile(empty, []byte("\n\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		msg  string
@@ -101,6 +106,13 @@ func TestIndexerBadFlags(t *testing.T) {
 		{[]string{"indexer", "-trace", "/nonexistent/trace.jsonl"}, "no such file"},
 		{[]string{"router", "-rate", "0"}, "-rate"},
 		{[]string{"router", "-modes", "kv,magic"}, "magic"},
+		{[]string{"router", "-rate", "Inf"}, "-rate"},
+		{[]string{"router", "-rate", "1e300"}, "-rate"},
+		{[]string{"router", "-rate", "0.01", "-duration", "10s"}, "offers no request"},
+		{[]string{"indexer", "-synth", "-synth-rate", "Inf"}, "rate"},
+		{[]string{"indexer", "-synth", "-synth-requests", "0"}, "requests"},
+		{[]string{"indexer", "-trace", empty}, "no request"},
+		{[]string{"replay", "-trace", empty}, "no request"},
 	} {
 		_, _, err := runArgs(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.msg) || strings.Contains(err.Error(), "\n") {

@@ -38,6 +38,10 @@ type routerResult struct {
 	WorkerSpreadC float64   `json:"worker_spread_cv"`
 }
 
+// maxRate bounds -rate: one request a nanosecond, far past what any router
+// path takes.
+const maxRate = 1e9
+
 // runRouter drives the full router path: each request is selected, its
 // worker publishes the prompt's blocks, its first token is reported, and it
 // completes once -inflight newer requests have started; requests arrive at
@@ -64,10 +68,12 @@ func runRouter(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 		return fmt.Errorf("router: unexpected argument %q", fs.Arg(0))
 	case *workers < 1:
 		return fmt.Errorf("-workers %d, want >= 1", *workers)
-	case !(*rate > 0):
-		return fmt.Errorf("-rate %v, want > 0", *rate)
+	case !(*rate > 0 && *rate <= maxRate):
+		return fmt.Errorf("-rate %v, want in (0, %g] requests/s", *rate, maxRate)
 	case *duration <= 0 || *duration > maxDuration:
 		return fmt.Errorf("-duration %v, want in (0, %v]", *duration, maxDuration)
+	case *rate*duration.Seconds() < 1:
+		return fmt.Errorf("-rate %v over -duration %v offers no request", *rate, *duration)
 	case *clients < 1:
 		return fmt.Errorf("-clients %d, want >= 1", *clients)
 	case *inflight < 0:

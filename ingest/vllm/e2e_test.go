@@ -1,6 +1,7 @@
 package vllm
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -246,5 +247,24 @@ func TestSubscriberLifecycle(t *testing.T) {
 	}
 	if sub.Close() != ErrClosed || sub.Flush() != ErrClosed {
 		t.Fatal("calls after close must fail")
+	}
+}
+
+func TestPublisherAfterClose(t *testing.T) {
+	p, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Publish(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Publish(nil); !errors.Is(err, ErrPublisherClosed) {
+		t.Fatalf("publish after close: %v", err)
+	}
+	if err := p.Close(); !errors.Is(err, ErrPublisherClosed) {
+		t.Fatalf("second close: %v", err)
 	}
 }

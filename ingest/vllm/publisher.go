@@ -46,8 +46,9 @@ type Publisher struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu   sync.Mutex
-	seq  uint64
+	mu     sync.Mutex
+	closed bool
+	seq    uint64
 	ring []ringEntry // the last BufferSteps batches, oldest first
 	// DropLive, when set, is asked before each live send; returning true
 	// drops the message (it stays in the replay ring), as a PUB socket does
@@ -101,6 +102,9 @@ func (p *Publisher) ReplayAddr() string {
 func (p *Publisher) Publish(events []Event) (uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		return 0, ErrPublisherClosed
+	}
 	b := Batch{TS: float64(time.Now().UnixNano()) / 1e9, DPRank: p.cfg.DPRank, Events: events}
 	payload := AppendBatch(nil, &b, p.cfg.Encoding)
 	seq := p.seq
@@ -170,8 +174,19 @@ func (p *Publisher) reply(id, seq, payload []byte) error {
 	return p.router.Send(zmq4.NewMsgFrom(frames...))
 }
 
+// ErrPublisherClosed is returned by Publish after Close, and by a second
+// Close.
+var ErrPublisherClosed = errors.New("vllm: publisher closed")
+
 // Close closes the sockets and waits for the replay server.
 func (p *Publisher) Close() error {
+	p.mu.Lock()
+	closed := p.closed
+	p.closed = true
+	p.mu.Unlock()
+	if closed {
+		return ErrPublisherClosed
+	}
 	p.cancel()
 	err := p.pub.Close()
 	if p.router != nil {

@@ -1,6 +1,7 @@
 package lines
 
 import (
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -20,10 +21,30 @@ func TestReader(t *testing.T) {
 	if _, err := r.Next(); err != io.EOF {
 		t.Fatalf("after the last line: %v", err)
 	}
-	long := NewReader(strings.NewReader("ok\n"+strings.Repeat("x", 100)+"\n"), 8)
+	// An overlong line (longer than the bufio buffer too) is skipped whole:
+	// its tail is not taken for the next line, and numbering stays right.
+	tail := `{"crafted":"tail"}`
+	long := NewReader(strings.NewReader("ok\n"+strings.Repeat("x", 100<<10)+tail+"\nnext\n"), 1<<10)
 	long.Next()
-	if _, err := long.Next(); err == nil || !strings.Contains(err.Error(), "line 2: longer than 8 bytes") {
+	_, err := long.Next()
+	var le *Error
+	if !errors.As(err, &le) || le.Line != 2 || !errors.Is(err, ErrTooLong) {
 		t.Fatalf("long line: %v", err)
+	}
+	if got, err := long.Next(); err != nil || string(got) != "next" || long.Line() != 3 {
+		t.Fatalf("after the long line: %q line %d (%v), want \"next\" line 3", got, long.Line(), err)
+	}
+	if _, err := long.Next(); err != io.EOF {
+		t.Fatalf("at the end: %v", err)
+	}
+	// An overlong last line without a newline is still one line.
+	end := NewReader(strings.NewReader("ok\n"+strings.Repeat("x", 100)), 8)
+	end.Next()
+	if _, err := end.Next(); !errors.Is(err, ErrTooLong) || end.Line() != 2 {
+		t.Fatalf("long last line: %v at line %d", err, end.Line())
+	}
+	if _, err := end.Next(); err != io.EOF {
+		t.Fatalf("after the long last line: %v", err)
 	}
 	// Lines longer than the bufio buffer are reassembled.
 	big := strings.Repeat("y", 200<<10)
