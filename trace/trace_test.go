@@ -2,8 +2,8 @@ package trace
 
 import (
 	"errors"
-	"math"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"testing"

@@ -49,7 +49,7 @@ type Publisher struct {
 	mu     sync.Mutex
 	closed bool
 	seq    uint64
-	ring []ringEntry // the last BufferSteps batches, oldest first
+	ring   []ringEntry // the last BufferSteps batches, oldest first
 	// DropLive, when set, is asked before each live send; returning true
 	// drops the message (it stays in the replay ring), as a PUB socket does
 	// when a subscriber's queue is full. For tests and load generation.
