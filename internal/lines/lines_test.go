@@ -1,6 +1,7 @@
 package lines
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"strings"
@@ -52,4 +53,44 @@ func TestReader(t *testing.T) {
 	if got, err := r.Next(); err != nil || len(got) != len(big) {
 		t.Fatalf("big line: %d bytes, %v", len(got), err)
 	}
+}
+
+// FuzzReader checks the reader against splitting the input by hand: every
+// line over the bound is one *Error with its own number, every other
+// non-blank line comes back trimmed, in order, with its number.
+func FuzzReader(f *testing.F) {
+	f.Add([]byte("a\n\nb\r\n"), 8)
+	f.Add([]byte("ok\n"+strings.Repeat("x", 40)+`{"tail":1}`+"\nnext"), 16)
+	f.Add([]byte(strings.Repeat("y", 100)), 4)
+	f.Fuzz(func(t *testing.T, in []byte, max int) {
+		max = 1 + max&0xff
+		r := NewReader(bytes.NewReader(in), max)
+		rest := in
+		for n := 1; len(rest) > 0; n++ {
+			raw := rest
+			if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+				raw, rest = rest[:i+1], rest[i+1:]
+			} else {
+				rest = nil
+			}
+			want := bytes.TrimSpace(raw)
+			if len(raw) <= max && len(want) == 0 {
+				continue
+			}
+			got, err := r.Next()
+			if len(raw) > max {
+				var le *Error
+				if !errors.As(err, &le) || le.Line != n || !errors.Is(err, ErrTooLong) {
+					t.Fatalf("line %d (%d bytes, max %d): %q, %v", n, len(raw), max, got, err)
+				}
+				continue
+			}
+			if err != nil || !bytes.Equal(got, want) || r.Line() != n {
+				t.Fatalf("line %d: got %q at %d (%v), want %q", n, got, r.Line(), err, want)
+			}
+		}
+		if got, err := r.Next(); err != io.EOF {
+			t.Fatalf("at the end: %q, %v", got, err)
+		}
+	})
 }
