@@ -96,9 +96,9 @@ type CompressedTree struct {
 
 // crun is one run of blocks.
 type crun struct {
-	// Read by lookups. keys is the backing array (len = capacity); only
-	// its first n entries are blocks. An array is never written below a
-	// length a reader may have seen: trimming replaces the array.
+	// Read by lookups (see view). keys is the backing array (len =
+	// capacity); only its first n entries are blocks. An array is never
+	// written below a length published for it: trimming replaces it.
 	keys    atomic.Pointer[[]uint64]
 	n       atomic.Uint32
 	holders atomic.Pointer[[]holder] // sorted by slot; immutable but for cuts
@@ -173,11 +173,19 @@ func (t *CompressedTree) unpack(loc uint64) (*crun, uint32) {
 	return t.runs[loc>>32], uint32(loc)
 }
 
-// view returns the run's blocks as a reader may see them.
+// view returns the run's blocks as a reader may see them: a length read
+// between two loads of the same array is a length of that array (a writer
+// publishes a new array before the length that goes with it, and appends
+// to an array only past every length published for it), so the blocks
+// below it are written and stay put.
 func (r *crun) view() []uint64 {
-	n := r.n.Load()
-	ks := *r.keys.Load()
-	return ks[:min(int(n), len(ks))]
+	for {
+		p := r.keys.Load()
+		n := r.n.Load()
+		if r.keys.Load() == p {
+			return (*p)[:min(int(n), len(*p))]
+		}
+	}
 }
 
 func (r *crun) holderArray() []holder {

@@ -2,6 +2,7 @@ package radix
 
 import (
 	"fmt"
+	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -59,10 +60,65 @@ import (
 type ConcurrentTree struct {
 	nodes   *xsync.Map[uint64, cnode]
 	workers *xsync.Map[kvevent.Worker, *cworker]
-	slots   atomic.Pointer[[]*cworker] // slot -> worker; append-only, copy on write
-	slotsMu sync.Mutex
+	slots   slotTable
 	size    atomic.Int64
 	scratch sync.Pool // *matchScratch
+}
+
+// slotTable maps worker slots to workers. Slots of removed workers are
+// reused; a reader resolves the slots it collected only after its walk, so
+// every reuse bumps epoch, and a reader that sees the epoch move during its
+// walk starts again (a reuse is rare; a query is microseconds).
+type slotTable struct {
+	chunks [slotChunks]atomic.Pointer[[]atomic.Pointer[cworker]]
+	epoch  atomic.Uint64
+	mu     sync.Mutex // guards the rest
+	next   uint32     // slots handed out so far
+	free   []uint32
+}
+
+// Chunk c holds 1024·2^c slots, so chunks never move and 22 cover every
+// uint32 slot.
+const slotChunks = 22
+
+func slotPos(s uint32) (chunk int, i uint32) {
+	x := uint64(s)/1024 + 1
+	chunk = bits.Len64(x) - 1
+	return chunk, uint32(uint64(s) - 1024*(1<<chunk-1))
+}
+
+func (st *slotTable) get(s uint32) *cworker {
+	c, i := slotPos(s)
+	return (*st.chunks[c].Load())[i].Load()
+}
+
+// take assigns a slot to cw: a freed one if any (bumping the epoch), else a
+// new one.
+func (st *slotTable) take(cw *cworker) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if n := len(st.free); n > 0 {
+		cw.slot, st.free = st.free[n-1], st.free[:n-1]
+		st.epoch.Add(1)
+	} else {
+		cw.slot = st.next
+		st.next++
+	}
+	c, i := slotPos(cw.slot)
+	if st.chunks[c].Load() == nil {
+		chunk := make([]atomic.Pointer[cworker], 1024<<c)
+		st.chunks[c].Store(&chunk)
+	}
+	(*st.chunks[c].Load())[i].Store(cw)
+}
+
+// release frees cw's slot, which no node holds any more. The slot keeps
+// naming cw until it is taken again: a reader that saw cw in a node before
+// it left still resolves the slot to cw.
+func (st *slotTable) release(cw *cworker) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.free = append(st.free, cw.slot)
 }
 
 // cnode is one block, stored by value in the map's entries.
@@ -207,6 +263,13 @@ func localOf(key, parent uint64) uint64 { return unmix(key) ^ parent*0x9E3779B97
 type matchScratch struct {
 	active  []uint32
 	dropped []slotScore
+	depth   int
+	found   []workerScore
+}
+
+type workerScore struct {
+	w     *cworker
+	score uint32
 }
 
 type slotScore struct {
@@ -235,30 +298,31 @@ func NewConcurrentTree() *ConcurrentTree {
 		nodes:   xsync.NewMap[uint64, cnode](xsync.WithPresize(1 << 12)),
 		workers: xsync.NewMap[kvevent.Worker, *cworker](),
 	}
-	t.slots.Store(&[]*cworker{})
 	t.scratch.New = func() any { return &matchScratch{} }
 	return t
 }
 
 var _ Index = (*ConcurrentTree)(nil)
 
-// worker returns w's state, registering it with a new slot on first sight.
+// worker returns w's state, registering it with a slot on first sight. Only
+// the goroutine applying w's events calls it.
 func (t *ConcurrentTree) worker(w kvevent.Worker) *cworker {
 	if cw, ok := t.workers.Load(w); ok {
 		return cw
 	}
-	cw, _ := t.workers.LoadOrCompute(w, func() (*cworker, bool) {
-		t.slotsMu.Lock()
-		defer t.slotsMu.Unlock()
-		old := *t.slots.Load()
-		cw := &cworker{worker: w, slot: uint32(len(old)), lookup: map[uint64]uint64{}}
-		cw.op.slot = cw.slot
-		cw.joinFn, cw.leaveFn, cw.dropChildFn = cw.op.join, cw.op.leave, cw.op.dropChild
-		next := append(old[:len(old):len(old)], cw)
-		t.slots.Store(&next)
-		return cw, false
-	})
+	cw := &cworker{worker: w, lookup: map[uint64]uint64{}}
+	t.slots.take(cw)
+	cw.op.slot = cw.slot
+	cw.joinFn, cw.leaveFn, cw.dropChildFn = cw.op.join, cw.op.leave, cw.op.dropChild
+	t.workers.Store(w, cw)
 	return cw
+}
+
+// forget drops everything cw holds and frees its slot and its map.
+func (t *ConcurrentTree) forget(cw *cworker) {
+	t.clear(cw)
+	t.workers.Delete(cw.worker)
+	t.slots.release(cw)
 }
 
 // Apply implements Index. See the type's concurrency contract.
@@ -271,7 +335,7 @@ func (t *ConcurrentTree) Apply(ev kvevent.RouterEvent) error {
 		return t.remove(w, d.BlockHashes)
 	case kvevent.Cleared:
 		if cw, ok := t.workers.Load(w); ok {
-			t.clear(cw)
+			t.forget(cw)
 		}
 		return nil
 	}
@@ -279,14 +343,23 @@ func (t *ConcurrentTree) Apply(ev kvevent.RouterEvent) error {
 }
 
 func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
-	cw := t.worker(w)
+	cw, known := t.workers.Load(w)
 	parent := rootKey
 	if d.HasParent {
-		k, ok := cw.lookup[d.ParentHash]
+		k, ok := uint64(0), false
+		if known {
+			k, ok = cw.lookup[d.ParentHash]
+		}
 		if !ok {
 			return fmt.Errorf("%w: worker %v, parent %#x", ErrParentNotFound, w, d.ParentHash)
 		}
 		parent = k
+	}
+	if len(d.Blocks) == 0 {
+		return nil
+	}
+	if !known {
+		cw = t.worker(w)
 	}
 	for _, b := range d.Blocks {
 		key := childKey(parent, b.TokensHash)
@@ -353,22 +426,26 @@ func (t *ConcurrentTree) remove(w kvevent.Worker, hashes []uint64) error {
 		delete(cw.lookup, h)
 		t.leave(key, cw)
 	}
+	if cw != nil && len(cw.lookup) == 0 {
+		t.forget(cw)
+	}
 	if missing > 0 {
 		return &MissingBlocksError{Worker: w, Missing: missing, Of: len(hashes)}
 	}
 	return nil
 }
 
+// clear makes cw leave every node, and drops its map (a Go map keeps its
+// buckets when emptied).
 func (t *ConcurrentTree) clear(cw *cworker) {
 	for _, key := range cw.lookup {
 		t.leave(key, cw)
 	}
-	clear(cw.lookup)
+	cw.lookup = map[uint64]uint64{}
 }
 
 // RemoveWorker implements Index: every rank of id leaves every node and is
-// forgotten. Its slot is not reused, so a concurrent reader can never credit
-// a removed worker's blocks to another.
+// forgotten; its slot is reused by a later worker (see slotTable).
 func (t *ConcurrentTree) RemoveWorker(id kvevent.WorkerID) {
 	var ranks []*cworker
 	t.workers.Range(func(w kvevent.Worker, cw *cworker) bool {
@@ -378,8 +455,7 @@ func (t *ConcurrentTree) RemoveWorker(id kvevent.WorkerID) {
 		return true
 	})
 	for _, cw := range ranks {
-		t.clear(cw)
-		t.workers.Delete(cw.worker)
+		t.forget(cw)
 	}
 }
 
@@ -391,6 +467,35 @@ func (t *ConcurrentTree) Size() int { return int(t.size.Load()) }
 // nodes; a worker is recorded only when it drops out or the walk ends.
 func (t *ConcurrentTree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
 	s := t.scratch.Get().(*matchScratch)
+	for {
+		epoch := t.slots.epoch.Load()
+		t.walk(s, local, earlyExit)
+		// Resolve the slots before checking the epoch: if no slot was
+		// reused meanwhile, each names the worker seen in the nodes.
+		s.found = s.found[:0]
+		for _, d := range s.dropped {
+			s.found = append(s.found, workerScore{t.slots.get(d.slot), d.score})
+		}
+		for _, slot := range s.active {
+			s.found = append(s.found, workerScore{t.slots.get(slot), uint32(s.depth)})
+		}
+		if t.slots.epoch.Load() == epoch {
+			break
+		}
+	}
+	res := newScores(len(s.found))
+	for _, f := range s.found {
+		res.Scores[f.w.worker] = f.score
+		res.TreeSizes[f.w.worker] = int(f.w.size.Load())
+	}
+	clear(s.found) // drop the references to workers
+	t.scratch.Put(s)
+	return res
+}
+
+// walk matches local into s.active (the slots holding all s.depth blocks
+// matched) and s.dropped.
+func (t *ConcurrentTree) walk(s *matchScratch, local []uint64, earlyExit bool) {
 	active, dropped := s.active[:0], s.dropped[:0]
 	key, depth := rootKey, 0
 	var buf [1]uint32
@@ -425,21 +530,7 @@ func (t *ConcurrentTree) FindMatches(local []uint64, earlyExit bool) OverlapScor
 			break
 		}
 	}
-	res := newScores(len(active) + len(dropped))
-	slots := *t.slots.Load()
-	for _, d := range dropped {
-		cw := slots[d.slot]
-		res.Scores[cw.worker] = d.score
-		res.TreeSizes[cw.worker] = int(cw.size.Load())
-	}
-	for _, slot := range active {
-		cw := slots[slot]
-		res.Scores[cw.worker] = uint32(depth)
-		res.TreeSizes[cw.worker] = int(cw.size.Load())
-	}
-	s.active, s.dropped = active, dropped
-	t.scratch.Put(s)
-	return res
+	s.active, s.dropped, s.depth = active, dropped, depth
 }
 
 // sameSlots reports whether two slot arrays are equal, comparing their

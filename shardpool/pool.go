@@ -4,8 +4,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/puzpuzpuz/xsync/v4"
-
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 )
@@ -13,10 +11,10 @@ import (
 // Pool is the thread-pool indexer over a radix.ConcurrentIndex: by default
 // a radix.CompressedTree, or any concurrent index given to NewPoolOver.
 //
-//   - Each worker id is pinned to one of the lanes on first sight (round
-//     robin) for the pool's lifetime, so one worker's events, and its
-//     removal, apply in order, and each lane alone touches its workers'
-//     engine-hash maps (no locks).
+//   - Each worker id belongs to lane id mod lanes, so one worker's events,
+//     and its removal, apply in order, and each lane alone touches its
+//     workers' engine-hash maps. The assignment is a function, not a table:
+//     nothing is remembered of a worker that left.
 //   - A lane drains its queue in batches of up to MaxBatch and applies a
 //     batch in one go.
 //   - FindMatches runs on the caller's goroutine against the concurrent
@@ -31,8 +29,6 @@ type Pool struct {
 	h      *hasher
 	tree   radix.ConcurrentIndex
 	lanes  []chan msg
-	assign *xsync.Map[kvevent.WorkerID, int]
-	next   atomic.Uint64
 	gate   gate
 	closed atomic.Bool
 	wg     sync.WaitGroup
@@ -50,10 +46,9 @@ func NewPool(lanes, blockSize int) *Pool {
 func NewPoolOver(lanes, blockSize int, idx radix.ConcurrentIndex) *Pool {
 	lanes = max(lanes, 1)
 	p := &Pool{
-		h:      newHasher(blockSize),
-		tree:   idx,
-		lanes:  make([]chan msg, lanes),
-		assign: xsync.NewMap[kvevent.WorkerID, int](),
+		h:     newHasher(blockSize),
+		tree:  idx,
+		lanes: make([]chan msg, lanes),
 	}
 	p.gate.open()
 	for i := range p.lanes {
@@ -73,15 +68,9 @@ func (p *Pool) Lanes() int { return len(p.lanes) }
 // Size; Dump once the pool is flushed and idle).
 func (p *Pool) Index() radix.ConcurrentIndex { return p.tree }
 
-// lane returns the queue of a worker id, assigning one on first sight.
+// lane returns the queue of a worker id.
 func (p *Pool) lane(id kvevent.WorkerID) chan msg {
-	i, ok := p.assign.Load(id)
-	if !ok {
-		i, _ = p.assign.LoadOrCompute(id, func() (int, bool) {
-			return int((p.next.Add(1) - 1) % uint64(len(p.lanes))), false
-		})
-	}
-	return p.lanes[i]
+	return p.lanes[uint64(id)%uint64(len(p.lanes))]
 }
 
 func (p *Pool) run(ch chan msg) {

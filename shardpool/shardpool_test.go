@@ -318,3 +318,40 @@ func TestZeroValues(t *testing.T) {
 		}
 	}
 }
+
+// churnIndexer drives an indexer as radixtest.Churn's index: every call
+// waits for the queues to drain.
+type churnIndexer struct {
+	t   *testing.T
+	idx shardpool.Indexer
+}
+
+func (c churnIndexer) Apply(ev kvevent.RouterEvent) error { return c.idx.ApplyEvent(ev) }
+
+func (c churnIndexer) RemoveWorker(id kvevent.WorkerID) {
+	if err := c.idx.RemoveWorker(id); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c churnIndexer) Size() int {
+	if _, err := c.idx.Flush(); err != nil {
+		c.t.Fatal(err)
+	}
+	st := c.idx.Stats()
+	if st.Rejected() != 0 {
+		c.t.Fatalf("rejections during churn: %+v", st)
+	}
+	return st.Pairs
+}
+
+// TestChurn: every indexer gives back what departed workers held.
+func TestChurn(t *testing.T) {
+	for _, im := range impls {
+		t.Run(im.name, func(t *testing.T) {
+			idx := im.new(4)
+			defer idx.Close()
+			radixtest.Churn(t, churnIndexer{t, idx}, 1<<20)
+		})
+	}
+}
