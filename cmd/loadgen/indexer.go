@@ -121,6 +121,7 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile to `file`")
 	memprofile := fs.String("memprofile", "", "write a heap profile to `file` at the end")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	churn := fs.Bool("churn", false, "soak: replay in passes for -duration while workers leave and rejoin; heap each second and after each pass, verdict flat or growing")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -177,6 +178,9 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	rep := indexerReport{Trace: name, Workers: cfg.Workers, Dup: *dup, BlockSize: cfg.BlockSize}
 	stopped, release := watch(stop)
 	defer release()
+	if *churn {
+		return runChurn(stdout, w, impls, cfg.BlockSize, cfg.Workers*(*dup), *duration, *asJSON, stopped, progress)
+	}
 	for _, im := range impls {
 		var res indexerResult
 		if *sweep {
@@ -212,6 +216,36 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	}
 	if stopped.Load() {
 		return errors.New("interrupted: the results above are partial")
+	}
+	return nil
+}
+
+// runChurn runs the soak for each indexer and prints the passes; a
+// growing heap is an error.
+func runChurn(stdout io.Writer, w *timeline, impls []shardpool.Impl, blockSize, workers int, window time.Duration, asJSON bool, stopped *atomic.Bool, progress io.Writer) error {
+	var results []churnResult
+	for _, im := range impls {
+		results = append(results, churnSoak(w, im, blockSize, workers, window, stopped, progress))
+		if stopped.Load() {
+			break
+		}
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(map[string]any{"churn": results}); err != nil {
+			return err
+		}
+	} else {
+		printChurn(stdout, results)
+	}
+	if stopped.Load() {
+		return errors.New("interrupted: the results above are partial")
+	}
+	for _, r := range results {
+		if r.Verdict != "flat" {
+			return fmt.Errorf("%v: heap %s under churn", shardpool.Impl{Name: r.Impl, Lanes: r.Lanes}, r.Verdict)
+		}
 	}
 	return nil
 }
