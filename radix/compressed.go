@@ -579,8 +579,11 @@ type wscore struct {
 
 // FindMatches implements Index; see AppendMatches.
 func (t *CompressedTree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
+	if len(local) == 0 || t.child(nil, 0, local[0]) == nil {
+		return newScores(0) // a miss: nobody holds the first block
+	}
 	s := t.scratch.Get().(*cmatchScratch)
-	s.out = t.AppendMatches(s.out[:0], local, earlyExit)
+	s.out = t.appendMatches(s, s.out[:0], local, earlyExit)
 	res := newScores(len(s.out))
 	for _, m := range s.out {
 		res.Scores[m.Worker] = m.Score
@@ -604,6 +607,12 @@ type Match struct {
 // and one cut per active worker.
 func (t *CompressedTree) AppendMatches(dst []Match, local []uint64, earlyExit bool) []Match {
 	s := t.scratch.Get().(*cmatchScratch)
+	dst = t.appendMatches(s, dst, local, earlyExit)
+	t.scratch.Put(s)
+	return dst
+}
+
+func (t *CompressedTree) appendMatches(s *cmatchScratch, dst []Match, local []uint64, earlyExit bool) []Match {
 	active, dropped := s.active[:0], s.dropped[:0]
 	var parent *crun
 	var off uint32
@@ -666,7 +675,6 @@ func (t *CompressedTree) AppendMatches(dst []Match, local []uint64, earlyExit bo
 	clear(s.next[:cap(s.next)])
 	clear(dropped[:cap(dropped)])
 	s.active, s.dropped = active[:0], dropped[:0]
-	t.scratch.Put(s)
 	return dst
 }
 

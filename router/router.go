@@ -177,8 +177,11 @@ func (r *Router) Sink(worker kvevent.WorkerID) EventSink {
 // the indexer, schedules by cost and registers the request until
 // OnComplete.
 func (r *Router) SelectWorker(ctx context.Context, req Request) (int, error) {
-	if r.closed.Load() {
+	switch {
+	case r.closed.Load():
 		return 0, ErrShutdown
+	case r.n == 0:
+		return 0, errors.New("router: a zero Router has no workers (use New)")
 	}
 	if req.UUID == uuid.Nil {
 		return 0, errors.New("router: request without a UUID")

@@ -282,3 +282,13 @@ func TestConcurrentSelectAndComplete(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+func TestZeroRouterFails(t *testing.T) {
+	var r router.Router
+	if _, err := r.SelectWorker(context.Background(), router.Request{UUID: uuid.New()}); err == nil {
+		t.Fatal("a zero router selected a worker")
+	}
+	if err := r.Sink(0).Publish(kvevent.Event{Data: kvevent.Cleared{}}); err == nil {
+		t.Fatal("a zero router accepted an event")
+	}
+}

@@ -64,6 +64,11 @@ func (e *DecodeError) Error() string {
 
 func (e *DecodeError) Unwrap() error { return e.Err }
 
+// MaxBatchEvents bounds the events of one batch (an engine publishes one
+// batch per scheduler step, a few hundred events at most): a header that
+// claims more is refused before anything is allocated for them.
+const MaxBatchEvents = 1 << 16
+
 // DecodeBatch decodes a payload: the envelope [ts, events, data_parallel_rank]
 // (2 or more elements; the rank may be nil or absent) and each event in
 // either encoding. Unknown map keys and extra trailing elements are ignored.
@@ -103,6 +108,9 @@ func decodeBatchInto(out *Batch, b []byte) error {
 	}
 	if int(ne) > len(b) {
 		return envErr("events", msgp.ErrShortBytes)
+	}
+	if ne > MaxBatchEvents {
+		return envErr("events", fmt.Errorf("%d events, more than %d in one batch", ne, MaxBatchEvents))
 	}
 	out.Events = make([]Event, ne)
 	for i := range out.Events {

@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/tinylib/msgp/msgp"
 )
 
 const (
@@ -207,4 +209,17 @@ func sameBatch(a, b Batch) bool {
 		}
 	}
 	return true
+}
+
+// TestDecodeBatchBoundsEvents: a header claiming more events than a batch
+// may hold is an error naming the field, before any allocation for them.
+func TestDecodeBatchBoundsEvents(t *testing.T) {
+	payload := msgp.AppendArrayHeader(nil, 3)
+	payload = msgp.AppendFloat64(payload, 1)
+	payload = msgp.AppendArrayHeader(payload, MaxBatchEvents+1)
+	payload = append(payload, make([]byte, MaxBatchEvents+1)...) // enough bytes to pass the length check
+	_, err := DecodeBatch(payload)
+	if err == nil || !strings.Contains(err.Error(), "events") || !strings.Contains(err.Error(), "more than") {
+		t.Fatalf("oversized batch: %v", err)
+	}
 }
