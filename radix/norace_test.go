@@ -1,0 +1,5 @@
+//go:build !race
+
+package radix_test
+
+const raceEnabled = false
