@@ -80,6 +80,7 @@ import (
 //     prefix the worker stored.
 //   - Dump takes the writers' mutex.
 type CompressedTree struct {
+	once     sync.Once                 // see ready
 	heads    *xsync.Map[uint64, *crun] // edgeKey -> runs hanging there (a chain on collisions)
 	edgeMask uint64                    // ^0; tests narrow it to force collisions
 	size     atomic.Int64
@@ -196,19 +197,28 @@ func (r *crun) holderArray() []holder {
 }
 
 // NewCompressedTree returns an empty tree.
+// The zero CompressedTree is empty and ready to use.
 func NewCompressedTree() *CompressedTree {
-	t := &CompressedTree{
-		heads:    xsync.NewMap[uint64, *crun](),
-		edgeMask: ^uint64(0),
-		runs:     []*crun{nil},
-		workers:  map[kvevent.Worker]*xworker{},
-	}
-	t.scratch.New = func() any { return &cmatchScratch{} }
+	t := &CompressedTree{}
+	t.ready()
 	return t
+}
+
+// ready initialises the tree on first use: a zero CompressedTree works, at
+// the cost of one atomic load per call.
+func (t *CompressedTree) ready() {
+	t.once.Do(func() {
+		t.heads = xsync.NewMap[uint64, *crun]()
+		t.edgeMask = ^uint64(0)
+		t.runs = []*crun{nil}
+		t.workers = map[kvevent.Worker]*xworker{}
+		t.scratch.New = func() any { return &cmatchScratch{} }
+	})
 }
 
 // Apply implements Index. See the type's concurrency contract.
 func (t *CompressedTree) Apply(ev kvevent.RouterEvent) error {
+	t.ready()
 	w := ev.Worker()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -226,8 +236,8 @@ func (t *CompressedTree) Apply(ev kvevent.RouterEvent) error {
 	return fmt.Errorf("%w: event %d of worker %v has no data", ErrInvalidEvent, ev.Event.ID, w)
 }
 
-// worker returns w's state, registering it (with the lowest free slot) on
-// first sight.
+// worker returns w's state, registering it on first sight with the slot
+// freed last, or a new one.
 func (t *CompressedTree) worker(w kvevent.Worker) *xworker {
 	if xw := t.workers[w]; xw != nil {
 		return xw
@@ -249,6 +259,9 @@ func (t *CompressedTree) forget(xw *xworker) {
 	xw.eng = engineTable{}
 	delete(t.workers, xw.worker)
 	t.freeSlot = append(t.freeSlot, xw.slot)
+	if len(t.workers) == 0 {
+		t.workers = map[kvevent.Worker]*xworker{} // a Go map keeps its buckets when emptied
+	}
 }
 
 func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
@@ -270,6 +283,7 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 		xw = t.worker(w)
 	}
 	xw.eng.warm(d.Blocks[:min(warmAhead, len(d.Blocks))])
+	joined := 0
 	for i, b := range d.Blocks {
 		if i%warmAhead == 0 && i+warmAhead < len(d.Blocks) {
 			xw.eng.warm(d.Blocks[i+warmAhead : min(i+2*warmAhead, len(d.Blocks))])
@@ -283,8 +297,7 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 		// Join first, so that leaving old cannot trim the path just walked.
 		if t.join(loc, xw) {
 			e.loc = loc
-			xw.size.Add(1)
-			t.size.Add(1)
+			joined++
 		} else {
 			xw.eng.del(b.BlockHash)
 		}
@@ -292,6 +305,9 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 			t.leave(old, xw)
 		}
 	}
+	// Sizes once per event, not two atomic adds per block.
+	xw.size.Add(int64(joined))
+	t.size.Add(int64(joined))
 	return nil
 }
 
@@ -416,7 +432,10 @@ func (t *CompressedTree) join(loc uint64, xw *xworker) bool {
 	hs := r.holderArray()
 	i, found := holderOf(hs, xw)
 	if !found {
-		grown := slices.Insert(slices.Clone(hs), i, holder{w: xw})
+		grown := make([]holder, len(hs)+1)
+		copy(grown, hs[:i])
+		grown[i] = holder{w: xw}
+		copy(grown[i+1:], hs[i:])
 		r.holders.Store(&grown) // a variable of its own: &hs would move hs to the heap on every call
 		hs = grown
 	}
@@ -552,6 +571,7 @@ func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
 // RemoveWorker implements Index: every rank of id leaves every block and
 // is forgotten.
 func (t *CompressedTree) RemoveWorker(id kvevent.WorkerID) {
+	t.ready()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for w, xw := range t.workers {
@@ -579,11 +599,16 @@ type wscore struct {
 
 // FindMatches implements Index; see AppendMatches.
 func (t *CompressedTree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
-	if len(local) == 0 || t.child(nil, 0, local[0]) == nil {
+	t.ready()
+	var first *crun
+	if len(local) > 0 {
+		first = t.child(nil, 0, local[0])
+	}
+	if first == nil {
 		return newScores(0) // a miss: nobody holds the first block
 	}
 	s := t.scratch.Get().(*cmatchScratch)
-	s.out = t.appendMatches(s, s.out[:0], local, earlyExit)
+	s.out = t.appendMatches(s, s.out[:0], local, first, earlyExit)
 	res := newScores(len(s.out))
 	for _, m := range s.out {
 		res.Scores[m.Worker] = m.Score
@@ -606,22 +631,25 @@ type Match struct {
 // map load per run, a memequal of the request against the run's blocks,
 // and one cut per active worker.
 func (t *CompressedTree) AppendMatches(dst []Match, local []uint64, earlyExit bool) []Match {
+	t.ready()
+	if len(local) == 0 {
+		return dst
+	}
+	first := t.child(nil, 0, local[0])
+	if first == nil {
+		return dst
+	}
 	s := t.scratch.Get().(*cmatchScratch)
-	dst = t.appendMatches(s, dst, local, earlyExit)
+	dst = t.appendMatches(s, dst, local, first, earlyExit)
 	t.scratch.Put(s)
 	return dst
 }
 
-func (t *CompressedTree) appendMatches(s *cmatchScratch, dst []Match, local []uint64, earlyExit bool) []Match {
+// appendMatches walks local from r, the run its first block starts.
+func (t *CompressedTree) appendMatches(s *cmatchScratch, dst []Match, local []uint64, r *crun, earlyExit bool) []Match {
 	active, dropped := s.active[:0], s.dropped[:0]
-	var parent *crun
-	var off uint32
 	depth := 0
-	for first := true; depth < len(local); first = false {
-		r := t.child(parent, off, local[depth])
-		if r == nil {
-			break
-		}
+	for first := true; r != nil; first = false {
 		m := commonPrefix(local[depth:], r.view())
 		hs := r.holderArray()
 		score := s.score[:0]
@@ -659,10 +687,10 @@ func (t *CompressedTree) appendMatches(s *cmatchScratch, dst []Match, local []ui
 		}
 		s.next, active = active, next
 		depth += m
-		if stop || len(active) == 0 {
+		if stop || len(active) == 0 || depth == len(local) {
 			break
 		}
-		parent, off = r, uint32(m-1)
+		r = t.child(r, uint32(m-1), local[depth])
 	}
 	for _, d := range dropped {
 		dst = append(dst, Match{d.w.worker, d.score, int(d.w.size.Load())})
@@ -733,6 +761,7 @@ func asBytes(s []uint64) string {
 
 // Dump implements Index.
 func (t *CompressedTree) Dump() []kvevent.RouterEvent {
+	t.ready()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	type pair struct {

@@ -58,6 +58,7 @@ import (
 // Two different paths whose 64-bit chained keys collide would share a node;
 // with well-mixed tokens hashes the chance is about n²/2⁶⁵ for n nodes.
 type ConcurrentTree struct {
+	once    sync.Once // see ready
 	nodes   *xsync.Map[uint64, cnode]
 	workers *xsync.Map[kvevent.Worker, *cworker]
 	slots   slotTable
@@ -292,14 +293,22 @@ func childKey(parent, local uint64) uint64 {
 	return x
 }
 
-// NewConcurrentTree returns an empty tree.
+// NewConcurrentTree returns an empty tree. The zero ConcurrentTree is empty
+// and ready to use.
 func NewConcurrentTree() *ConcurrentTree {
-	t := &ConcurrentTree{
-		nodes:   xsync.NewMap[uint64, cnode](xsync.WithPresize(1 << 12)),
-		workers: xsync.NewMap[kvevent.Worker, *cworker](),
-	}
-	t.scratch.New = func() any { return &matchScratch{} }
+	t := &ConcurrentTree{}
+	t.ready()
 	return t
+}
+
+// ready initialises the tree on first use: a zero ConcurrentTree works, at
+// the cost of one atomic load per call.
+func (t *ConcurrentTree) ready() {
+	t.once.Do(func() {
+		t.nodes = xsync.NewMap[uint64, cnode](xsync.WithPresize(1 << 12))
+		t.workers = xsync.NewMap[kvevent.Worker, *cworker]()
+		t.scratch.New = func() any { return &matchScratch{} }
+	})
 }
 
 var _ Index = (*ConcurrentTree)(nil)
@@ -327,6 +336,7 @@ func (t *ConcurrentTree) forget(cw *cworker) {
 
 // Apply implements Index. See the type's concurrency contract.
 func (t *ConcurrentTree) Apply(ev kvevent.RouterEvent) error {
+	t.ready()
 	w := ev.Worker()
 	switch d := ev.Event.Data.(type) {
 	case kvevent.Stored:
@@ -447,6 +457,7 @@ func (t *ConcurrentTree) clear(cw *cworker) {
 // RemoveWorker implements Index: every rank of id leaves every node and is
 // forgotten; its slot is reused by a later worker (see slotTable).
 func (t *ConcurrentTree) RemoveWorker(id kvevent.WorkerID) {
+	t.ready()
 	var ranks []*cworker
 	t.workers.Range(func(w kvevent.Worker, cw *cworker) bool {
 		if w.ID == id {
@@ -466,6 +477,7 @@ func (t *ConcurrentTree) Size() int { return int(t.size.Load()) }
 // lock-free map loads, intersecting the sorted slot arrays of successive
 // nodes; a worker is recorded only when it drops out or the walk ends.
 func (t *ConcurrentTree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
+	t.ready()
 	s := t.scratch.Get().(*matchScratch)
 	for {
 		epoch := t.slots.epoch.Load()
@@ -546,6 +558,7 @@ func sameSlots(a, b []uint32) bool {
 
 // Dump implements Index. It must not run concurrently with writers.
 func (t *ConcurrentTree) Dump() []kvevent.RouterEvent {
+	t.ready()
 	held := map[kvevent.Worker]map[uint64]uint64{}
 	type pair struct {
 		w     kvevent.Worker

@@ -30,15 +30,25 @@ func newNode(key uint64, parent *node) *node {
 	return &node{key: key, parent: parent, children: map[uint64]*node{}, workers: map[kvevent.Worker]struct{}{}}
 }
 
-// NewTree returns an empty tree.
+// NewTree returns an empty tree. The zero Tree is empty and ready to use.
 func NewTree() *Tree {
-	return &Tree{root: newNode(0, nil), workers: map[kvevent.Worker]map[uint64]*node{}}
+	t := &Tree{}
+	t.ready()
+	return t
+}
+
+// ready initialises a zero Tree.
+func (t *Tree) ready() {
+	if t.root == nil {
+		t.root, t.workers = newNode(0, nil), map[kvevent.Worker]map[uint64]*node{}
+	}
 }
 
 var _ Index = (*Tree)(nil)
 
 // Apply implements Index.
 func (t *Tree) Apply(ev kvevent.RouterEvent) error {
+	t.ready()
 	w := ev.Worker()
 	switch d := ev.Event.Data.(type) {
 	case kvevent.Stored:
@@ -144,6 +154,7 @@ func (t *Tree) Size() int { return t.size }
 // keeping the workers that held every block so far; a worker is written to
 // the result only when it drops out or the walk ends.
 func (t *Tree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
+	t.ready()
 	var res OverlapScores
 	var active []kvevent.Worker
 	depth := 0
@@ -191,6 +202,7 @@ func (t *Tree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
 // Dump implements Index. It walks the tree breadth first, so parents come
 // before children.
 func (t *Tree) Dump() []kvevent.RouterEvent {
+	t.ready()
 	// Invert each worker's map: which engine hash names a held node.
 	held := make(map[kvevent.Worker]map[*node]uint64, len(t.workers))
 	for w, lookup := range t.workers {

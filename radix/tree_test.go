@@ -74,3 +74,22 @@ func fuzzIndex(f *testing.F, newIndex func() radix.Index) {
 		}
 	})
 }
+
+// TestZeroIndexes: the zero value of every index is an empty index that
+// works (it used to panic on a nil map), and passes the conformance suite.
+func TestZeroIndexes(t *testing.T) {
+	for name, newIndex := range map[string]func() radix.Index{
+		"tree":       func() radix.Index { return &radix.Tree{} },
+		"concurrent": func() radix.Index { return &radix.ConcurrentTree{} },
+		"compressed": func() radix.Index { return &radix.CompressedTree{} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			idx := newIndex()
+			if got := idx.FindMatches([]uint64{1}, false); len(got.Scores) != 0 || idx.Size() != 0 || len(idx.Dump()) != 0 {
+				t.Fatalf("a zero index is not empty: %v", got.Scores)
+			}
+			idx.RemoveWorker(1)
+			radixtest.Run(t, newIndex)
+		})
+	}
+}

@@ -19,15 +19,20 @@ type Impl struct {
 // ImplNames lists every indexer implementation, baseline first.
 var ImplNames = []string{"single", "pool", "compressed"}
 
-// New starts the indexer for the block size.
+// New starts the indexer for the block size. Impls come from ParseImpls,
+// which rejects unknown names from outside; an Impl built by hand with a
+// name not in ImplNames is a programming error, and New panics on it
+// rather than start some other indexer.
 func (i Impl) New(blockSize int) Indexer {
 	switch i.Name {
+	case "single":
+		return NewSingle(blockSize)
 	case "pool":
 		return NewPoolOver(i.Lanes, blockSize, radix.NewConcurrentTree())
 	case "compressed":
 		return NewPoolOver(i.Lanes, blockSize, radix.NewCompressedTree())
 	}
-	return NewSingle(blockSize)
+	panic(fmt.Sprintf("shardpool: unknown Impl %q (want one of %v)", i.Name, ImplNames))
 }
 
 // String is the benchmark-name form: impl=single, impl=pool/lanes=2.

@@ -355,3 +355,34 @@ func TestChurn(t *testing.T) {
 		})
 	}
 }
+
+func TestParseImpls(t *testing.T) {
+	impls, err := shardpool.ParseImpls("single, pool,compressed", []int{1, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, im := range impls {
+		got = append(got, im.String())
+		idx := im.New(4)
+		if err := idx.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := "impl=single impl=pool/lanes=1 impl=pool/lanes=4 impl=compressed/lanes=1 impl=compressed/lanes=4"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("impls %v, want %s", got, want)
+	}
+	if _, err := shardpool.ParseImpls("single,btree", []int{1}); err == nil || !strings.Contains(err.Error(), "btree") {
+		t.Fatalf("unknown name: %v", err)
+	}
+	if _, err := shardpool.ParseLanes("2,0"); err == nil {
+		t.Fatal("lane count 0 accepted")
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("an unknown hand-built Impl started an indexer")
+		}
+	}()
+	shardpool.Impl{Name: "btree"}.New(4)
+}
