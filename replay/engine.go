@@ -100,9 +100,11 @@ func (e *engine) unlinkFree(b *cblock) {
 }
 
 // blocksFor is the pool blocks a request occupies at its longest.
-func (e *engine) blocksFor(isl, osl int) int {
-	return (isl + max(osl, 1) + e.cfg.BlockSize - 1) / e.cfg.BlockSize
-}
+func (e *engine) blocksFor(isl, osl int) int { return blocksFor(isl, osl, e.cfg.BlockSize) }
+
+// blocksFor is the blocks of bs tokens a request of isl prompt and osl
+// output tokens occupies at its longest.
+func blocksFor(isl, osl, bs int) int { return (isl + max(osl, 1) + bs - 1) / bs }
 
 func (e *engine) publish(data kvevent.Data) {
 	e.eventID++

@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -39,12 +40,14 @@ type Config struct {
 	Speedup          float64 // arrival times are divided by it (1)
 	Seed             uint64  // tie-breaks, sampling, the random router
 	Temperature      float64 // of kv_temp (0.1)
+	OverlapWeight    float64 // of the KV routers' cost (router.DefaultOverlapWeight)
+	QueueThreshold   float64 // of the KV routers' queue; 0: off (0)
 	IndexerLanes     int     // of the KV router's indexer (2)
 }
 
 // DefaultConfig returns the defaults named on each field.
 func DefaultConfig() Config {
-	return Config{Workers: 16, Blocks: 16384, BlockSize: 64, MaxBatchedTokens: 8192, MaxNumSeqs: 256, Speedup: 1, Temperature: 0.1, IndexerLanes: 2}
+	return Config{Workers: 16, Blocks: 16384, BlockSize: 64, MaxBatchedTokens: 8192, MaxNumSeqs: 256, Speedup: 1, Temperature: 0.1, OverlapWeight: router.DefaultOverlapWeight, IndexerLanes: 2}
 }
 
 // Validate reports the first invalid field.
@@ -62,8 +65,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("replay: max num seqs %d, want >= 1", c.MaxNumSeqs)
 	case !(c.Speedup > 0):
 		return fmt.Errorf("replay: speedup %v, want > 0", c.Speedup)
-	case c.Temperature < 0:
-		return fmt.Errorf("replay: temperature %v, want >= 0", c.Temperature)
+	case !(c.Temperature >= 0) || math.IsInf(c.Temperature, 1):
+		return fmt.Errorf("replay: temperature %v, want finite and >= 0", c.Temperature)
+	case !(c.OverlapWeight >= 0) || math.IsInf(c.OverlapWeight, 1):
+		return fmt.Errorf("replay: overlap weight %v, want finite and >= 0", c.OverlapWeight)
+	case !(c.QueueThreshold >= 0) || math.IsInf(c.QueueThreshold, 1):
+		return fmt.Errorf("replay: queue threshold %v, want finite and >= 0", c.QueueThreshold)
 	case c.IndexerLanes < 1:
 		return fmt.Errorf("replay: indexer lanes %d, want >= 1", c.IndexerLanes)
 	}
@@ -102,11 +109,27 @@ func Summarise(xs []float64) Dist {
 	for _, x := range xs {
 		sum += x
 	}
-	pct := func(p float64) float64 {
-		i := int(p*float64(len(xs))+0.999999999) - 1 // nearest rank
-		return xs[min(max(i, 0), len(xs)-1)]
+	return Dist{Mean: sum / float64(len(xs)), P50: nearestRank(xs, 0.50), P90: nearestRank(xs, 0.90), P99: nearestRank(xs, 0.99)}
+}
+
+// nearestRank is the nearest-rank p-quantile of sorted xs (not empty).
+func nearestRank(xs []float64, p float64) float64 {
+	i := int(p*float64(len(xs))+0.999999999) - 1
+	return xs[min(max(i, 0), len(xs)-1)]
+}
+
+// Percentiles returns the nearest-rank percentiles 0, 1, ..., 100 of xs
+// (sorted in place; percentile 0 is the minimum); nil for no samples.
+func Percentiles(xs []float64) []float64 {
+	if len(xs) == 0 {
+		return nil
 	}
-	return Dist{Mean: sum / float64(len(xs)), P50: pct(0.50), P90: pct(0.90), P99: pct(0.99)}
+	slices.Sort(xs)
+	out := make([]float64, 101)
+	for p := range out {
+		out[p] = nearestRank(xs, float64(p)/100)
+	}
+	return out
 }
 
 // Spread describes how requests spread over the workers.
@@ -119,24 +142,31 @@ type Spread struct {
 
 // Result is one router's replay.
 type Result struct {
-	Router          string  `json:"router"`
-	Requests        int     `json:"requests"`
-	Completed       int     `json:"completed"`
-	Rejected        int     `json:"rejected"` // larger than an engine's whole pool
-	ReuseRatio      float64 `json:"reuse_ratio"`
-	PromptTokens    int64   `json:"prompt_tokens"`
-	CachedTokens    int64   `json:"cached_tokens"`
-	OutputTokens    int64   `json:"output_tokens"`
-	TTFT            Dist    `json:"ttft_ms"`
-	TPOT            Dist    `json:"tpot_ms"`
-	ITL             Dist    `json:"itl_ms"`
-	E2E             Dist    `json:"e2e_ms"`
-	ThroughputRPS   float64 `json:"throughput_rps"`
-	ThroughputTPS   float64 `json:"throughput_tps"` // output tokens per second
-	MakespanMs      float64 `json:"makespan_ms"`
-	Load            Spread  `json:"load"`
-	RejectedEvents  uint64  `json:"rejected_events"` // by the KV indexer
-	UnpublishedEvts int     `json:"unpublished_events"`
+	Router     string  `json:"router"`
+	Requests   int     `json:"requests"`
+	Completed  int     `json:"completed"`
+	Rejected   int     `json:"rejected"` // larger than an engine's whole pool
+	Queued     int     `json:"queued"`   // held back by the router's queue at arrival
+	ReuseRatio float64 `json:"reuse_ratio"`
+	// RoutingEfficiency is ReuseRatio over the pooled reference's reuse
+	// (see References); set by Compare and Sweep.
+	RoutingEfficiency float64 `json:"routing_efficiency"`
+	PromptTokens      int64   `json:"prompt_tokens"`
+	CachedTokens      int64   `json:"cached_tokens"`
+	OutputTokens      int64   `json:"output_tokens"`
+	TTFT              Dist    `json:"ttft_ms"`
+	// TTFTPercentiles holds the TTFT's percentiles 0, 1, ..., 100 (ms), the
+	// distribution's CDF.
+	TTFTPercentiles []float64 `json:"ttft_percentiles_ms"`
+	TPOT            Dist      `json:"tpot_ms"`
+	ITL             Dist      `json:"itl_ms"`
+	E2E             Dist      `json:"e2e_ms"`
+	ThroughputRPS   float64   `json:"throughput_rps"`
+	ThroughputTPS   float64   `json:"throughput_tps"` // output tokens per second
+	MakespanMs      float64   `json:"makespan_ms"`
+	Load            Spread    `json:"load"`
+	RejectedEvents  uint64    `json:"rejected_events"` // by the KV indexer
+	UnpublishedEvts int       `json:"unpublished_events"`
 }
 
 // policy is what the simulation asks where requests go and where engines
@@ -151,13 +181,15 @@ type policy interface {
 
 // routerPolicy drives a kvradix router (or picks at random).
 type routerPolicy struct {
-	r   *router.Router
-	rng *rand.Rand // the random router
+	r    *router.Router
+	rng  *rand.Rand      // the random router
+	done context.Context // cancelled: SelectWorker never waits
 }
 
 func newRouterPolicy(name string, cfg Config) (*routerPolicy, error) {
 	rc := router.DefaultConfig()
 	rc.BlockSize, rc.Seed, rc.IndexerLanes, rc.MaxBatchedTokens = cfg.BlockSize, cfg.Seed, cfg.IndexerLanes, cfg.MaxBatchedTokens
+	rc.OverlapWeight, rc.QueueThreshold = cfg.OverlapWeight, cfg.QueueThreshold
 	mode := router.RoundRobin
 	p := &routerPolicy{}
 	switch name {
@@ -176,9 +208,19 @@ func newRouterPolicy(name string, cfg Config) (*routerPolicy, error) {
 		return nil, err
 	}
 	p.r = r
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p.done = ctx
 	return p, nil
 }
 
+// errQueued is choose's answer when the router holds the request back.
+var errQueued = errors.New("replay: queued by the router")
+
+// choose asks the router. The call must not block the virtual clock, so it
+// passes a cancelled context: a router that would queue the request returns
+// at once, and the simulation holds the request and asks again after the
+// next step ends (the router's queue, on the virtual clock).
 func (p *routerPolicy) choose(_ int, req router.Request, _ []uint64) (int, error) {
 	if p.rng != nil {
 		return p.rng.IntN(p.r.Workers()), nil
@@ -188,7 +230,11 @@ func (p *routerPolicy) choose(_ int, req router.Request, _ []uint64) (int, error
 	if err := p.r.Flush(); err != nil {
 		return 0, err
 	}
-	return p.r.SelectWorker(context.Background(), req)
+	w, err := p.r.SelectWorker(p.done, req)
+	if errors.Is(err, context.Canceled) {
+		return 0, errQueued
+	}
+	return w, err
 }
 
 func (p *routerPolicy) sink(w int) router.EventSink { return p.r.Sink(kvevent.WorkerID(w)) }
@@ -213,6 +259,7 @@ type sim struct {
 	seq     uint64
 	now     float64
 	perW    []int
+	queue   []queued // requests the router holds back
 
 	ttft, tpot, itl, e2e []float64
 	completed            int
@@ -305,10 +352,14 @@ func simulate(reqs []trace.Request, cfg Config, pol policy, res *Result) (*sim, 
 			e := s.engines[ev.idx]
 			e.finishStep(s.now, s)
 			s.startStep(e)
+			s.drainQueue()
 		}
 	}
 	for _, e := range s.engines {
 		res.UnpublishedEvts += e.sinkErrs
+	}
+	if s.err == nil && len(s.queue) > 0 {
+		s.err = fmt.Errorf("replay: %d requests still queued by the router after the last step", len(s.queue))
 	}
 	return s, s.err
 }
@@ -320,15 +371,36 @@ func (s *sim) arrive(i int, tr trace.Request, tokens []uint32, res *Result) []ui
 	local := hashing.LocalHashes(nil, tokens, s.cfg.BlockSize, hashing.Options{})
 	r := &request{id: id, arrival: s.now, isl: tr.InputLength, osl: tr.OutputLength, local: local, seq: hashing.SequenceHashes(nil, local)}
 	s.reqs[i] = r
-	e0 := s.engines[0]
-	if e0.blocksFor(r.isl, r.osl) > s.cfg.Blocks {
+	if blocksFor(r.isl, r.osl, s.cfg.BlockSize) > s.cfg.Blocks {
 		res.Rejected++
 		return tokens
 	}
-	w, err := s.pol.choose(i, router.Request{UUID: id, Tokens: tokens, MaxOutputTokens: tr.OutputLength}, local)
+	q := queued{i: i, req: router.Request{UUID: id, Tokens: tokens, MaxOutputTokens: tr.OutputLength}}
+	if len(s.queue) > 0 || !s.route(q) {
+		q.req.Tokens = slices.Clone(tokens)
+		s.queue = append(s.queue, q)
+		res.Queued++
+	}
+	return tokens
+}
+
+// queued is a request the router holds back (every worker busy).
+type queued struct {
+	i   int
+	req router.Request
+}
+
+// route asks the policy for q's worker and hands the request to it; false
+// if the router queues it.
+func (s *sim) route(q queued) bool {
+	r := s.reqs[q.i]
+	w, err := s.pol.choose(q.i, q.req, r.local)
+	if errors.Is(err, errQueued) {
+		return false
+	}
 	if err != nil {
-		s.err = fmt.Errorf("request %d: %w", i, err)
-		return tokens
+		s.err = fmt.Errorf("request %d: %w", q.i, err)
+		return true
 	}
 	s.perW[w]++
 	e := s.engines[w]
@@ -336,7 +408,17 @@ func (s *sim) arrive(i int, tr trace.Request, tokens []uint32, res *Result) []ui
 	if !e.busy {
 		s.startStep(e)
 	}
-	return tokens
+	return true
+}
+
+// drainQueue routes queued requests, in FIFO order, while the router
+// admits them.
+func (s *sim) drainQueue() {
+	n := 0
+	for n < len(s.queue) && s.route(s.queue[n]) {
+		n++
+	}
+	s.queue = s.queue[n:]
 }
 
 func (s *sim) startStep(e *engine) {
@@ -377,6 +459,7 @@ func (s *sim) report(res *Result) {
 		res.ReuseRatio = float64(s.cached) / float64(s.prompt)
 	}
 	res.TTFT, res.TPOT, res.ITL, res.E2E = Summarise(s.ttft), Summarise(s.tpot), Summarise(s.itl), Summarise(s.e2e)
+	res.TTFTPercentiles = Percentiles(s.ttft)
 	res.MakespanMs = s.now
 	if s.now > 0 {
 		res.ThroughputRPS = float64(s.completed) / (s.now / 1000)

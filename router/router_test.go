@@ -85,7 +85,7 @@ func TestConfigValidation(t *testing.T) {
 		t.Error("unknown mode accepted")
 	}
 	d := router.DefaultConfig()
-	if d.BlockSize != 16 || d.OverlapWeight != 1 || d.Temperature != 0 || d.IndexerLanes != 2 || d.QueueThreshold != 0 || d.MaxBatchedTokens != 8192 || !d.TrackPrefillTokens {
+	if d.BlockSize != 16 || d.OverlapWeight != 8 || d.Temperature != 0 || d.IndexerLanes != 2 || d.QueueThreshold != 0 || d.MaxBatchedTokens != 8192 || !d.TrackPrefillTokens {
 		t.Errorf("defaults %+v", d)
 	}
 }

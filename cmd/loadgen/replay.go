@@ -2,29 +2,44 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
-	"sync"
+	"maps"
+	"slices"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/kvradix/kvradix/replay"
 )
 
-type replayReport struct {
-	Trace     string          `json:"trace"`
-	Workers   int             `json:"workers"`
-	Blocks    int             `json:"blocks"`
-	BlockSize int             `json:"block_size"`
-	Speedup   float64         `json:"speedup"`
-	Seed      uint64          `json:"seed"`
-	Results   []replay.Result `json:"results"`
+// settingsFlag collects repeated -sweep name=v1,v2,... flags.
+type settingsFlag []replay.Setting
+
+func (s *settingsFlag) String() string { return "" }
+
+func (s *settingsFlag) Set(v string) error {
+	set, err := replay.ParseSetting(v)
+	if err != nil {
+		return err
+	}
+	*s = append(*s, set)
+	return nil
 }
 
-func runReplay(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("replay", stderr)
-	var wf workloadFlags
-	wf.register(fs)
-	cfg := replay.DefaultConfig()
+// replayConfig is what `loadgen replay` was asked to do.
+type replayConfig struct {
+	work    workloadFlags
+	sim     replay.Config
+	routers string
+	sweep   settingsFlag
+	json    bool
+}
+
+func (c *replayConfig) register(fs *flag.FlagSet) {
+	c.work.register(fs)
+	c.sim = replay.DefaultConfig()
+	cfg := &c.sim
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "mock engines")
 	fs.IntVar(&cfg.Blocks, "blocks", cfg.Blocks, "KV blocks per engine")
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "tokens per KV block")
@@ -33,56 +48,73 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "divide arrival times by this")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of tie-breaks, sampling and the random router")
 	fs.Float64Var(&cfg.Temperature, "temperature", cfg.Temperature, "temperature of the kv_temp router")
+	fs.Float64Var(&cfg.OverlapWeight, "overlap-weight", cfg.OverlapWeight, "weight of prefill blocks in the KV routers' cost")
+	fs.Float64Var(&cfg.QueueThreshold, "queue-threshold", cfg.QueueThreshold, "KV routers queue while every worker's prefill exceeds this many batches (0: off)")
 	fs.IntVar(&cfg.IndexerLanes, "lanes", cfg.IndexerLanes, "indexer lanes of the KV routers (1 = single-threaded)")
-	routers := fs.String("routers", "round_robin,random,kv", "routers to compare: round_robin, random, kv, kv_temp")
-	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
+	fs.StringVar(&c.routers, "routers", "round_robin,random,kv", "routers to compare: round_robin, random, kv, kv_temp")
+	fs.Var(&c.sweep, "sweep", "sweep a KV router knob instead: `name=v1,v2,...` with name overlap_weight, temperature or queue_threshold; repeat for a grid")
+	fs.BoolVar(&c.json, "json", false, "print one JSON object instead of the table")
+}
+
+func runReplay(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("replay", stderr)
+	var c replayConfig
+	c.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("replay: unexpected argument %q", fs.Arg(0))
 	}
-	names, err := replay.ParseRouters(*routers)
+	names, err := replay.ParseRouters(c.routers)
 	if err != nil {
 		return fmt.Errorf("-routers: %w", err)
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := c.sim.Validate(); err != nil {
 		return err
 	}
-	reqs, name, err := wf.load()
+	reqs, traceName, err := c.work.load()
 	if err != nil {
 		return err
 	}
-	rep := replayReport{Trace: name, Workers: cfg.Workers, Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, Speedup: cfg.Speedup, Seed: cfg.Seed,
-		Results: make([]replay.Result, len(names))}
-	// Routers replay independently: run them side by side.
-	errs := make([]error, len(names))
-	var wg sync.WaitGroup
-	for i, n := range names {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rep.Results[i], errs[i] = replay.Run(reqs, n, cfg)
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
+	if len(c.sweep) > 0 {
+		rep, err := replay.Sweep(reqs, c.sweep, c.sim)
 		if err != nil {
-			return fmt.Errorf("%s: %w", names[i], err)
+			return err
 		}
+		rep.Trace = traceName
+		if c.json {
+			return writeJSON(stdout, rep)
+		}
+		printSweep(stdout, rep)
+		return nil
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+	rep, err := replay.Compare(reqs, names, c.sim)
+	if err != nil {
+		return err
+	}
+	rep.Trace = traceName
+	if c.json {
+		return writeJSON(stdout, rep)
 	}
 	printReplay(stdout, rep)
 	return nil
 }
 
-func printReplay(w io.Writer, rep replayReport) {
-	fmt.Fprintf(w, "trace: %s; %d workers x %d blocks of %d tokens; speedup %v; seed %d\n\n",
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func printReplayHeader(w io.Writer, rep replay.Report) {
+	fmt.Fprintf(w, "trace: %s; %d workers x %d blocks of %d tokens; speedup %v; seed %d\n",
 		rep.Trace, rep.Workers, rep.Blocks, rep.BlockSize, rep.Speedup, rep.Seed)
+	fmt.Fprintf(w, "reference reuse: pooled LRU of the fleet's blocks %.3f; unbounded cache %.3f\n\n", rep.ReusePooled, rep.ReuseUnbounded)
+}
+
+func printReplay(w io.Writer, rep replay.Report) {
+	printReplayHeader(w, rep)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(label string, f func(r replay.Result) string) {
 		fmt.Fprintf(tw, "%s\t", label)
@@ -97,6 +129,7 @@ func printReplay(w io.Writer, rep replayReport) {
 	row("completed", func(r replay.Result) string { return fmt.Sprint(r.Completed) })
 	row("rejected (too large)", func(r replay.Result) string { return fmt.Sprint(r.Rejected) })
 	row("reuse ratio", func(r replay.Result) string { return fmt.Sprintf("%.3f", r.ReuseRatio) })
+	row("routing efficiency", func(r replay.Result) string { return fmt.Sprintf("%.3f", r.RoutingEfficiency) })
 	for _, d := range []struct {
 		name string
 		get  func(replay.Result) replay.Dist
@@ -117,5 +150,27 @@ func printReplay(w io.Writer, rep replayReport) {
 	row("requests/worker max", func(r replay.Result) string { return fmt.Sprint(r.Load.Max) })
 	row("requests/worker cv", func(r replay.Result) string { return fmt.Sprintf("%.3f", r.Load.CV) })
 	row("index events rejected", func(r replay.Result) string { return fmt.Sprint(r.RejectedEvents) })
+	tw.Flush()
+}
+
+// printSweep prints one line per point, after the baselines.
+func printSweep(w io.Writer, rep replay.SweepReport) {
+	printReplayHeader(w, rep.Report)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "router\tsettings\treuse\tefficiency\tttft mean ms\tttft p90 ms\tttft p99 ms\trequests/worker cv\t")
+	line := func(label, settings string, r replay.Result) {
+		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.3f\t%.1f\t%.1f\t%.1f\t%.3f\t\n", label, settings,
+			r.ReuseRatio, r.RoutingEfficiency, r.TTFT.Mean, r.TTFT.P90, r.TTFT.P99, r.Load.CV)
+	}
+	for _, r := range rep.Results {
+		line(r.Router, "(defaults)", r)
+	}
+	for _, p := range rep.Points {
+		var kv []string
+		for _, k := range slices.Sorted(maps.Keys(p.Settings)) {
+			kv = append(kv, fmt.Sprintf("%s=%g", k, p.Settings[k]))
+		}
+		line(p.Router, strings.Join(kv, " "), p.Result)
+	}
 	tw.Flush()
 }

@@ -1,0 +1,197 @@
+package replay
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/kvradix/kvradix/trace"
+)
+
+// Report is a comparison of routers on one trace and fleet, with the
+// reference reuses every router is measured against (see References).
+type Report struct {
+	Trace          string   `json:"trace"`
+	Workers        int      `json:"workers"`
+	Blocks         int      `json:"blocks"`
+	BlockSize      int      `json:"block_size"`
+	Speedup        float64  `json:"speedup"`
+	Seed           uint64   `json:"seed"`
+	ReusePooled    float64  `json:"reuse_pooled"`
+	ReuseUnbounded float64  `json:"reuse_unbounded"`
+	Results        []Result `json:"results"`
+}
+
+// Compare replays reqs once per router, side by side, computes the
+// references and each result's RoutingEfficiency.
+func Compare(reqs []trace.Request, routers []string, cfg Config) (Report, error) {
+	rep := Report{Workers: cfg.Workers, Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, Speedup: cfg.Speedup, Seed: cfg.Seed,
+		Results: make([]Result, len(routers))}
+	jobs := make([]func() error, 0, len(routers)+1)
+	jobs = append(jobs, func() (err error) {
+		rep.ReusePooled, rep.ReuseUnbounded, err = References(reqs, cfg)
+		return err
+	})
+	for i, name := range routers {
+		jobs = append(jobs, func() (err error) {
+			if rep.Results[i], err = Run(reqs, name, cfg); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			return nil
+		})
+	}
+	if err := parallel(jobs, runtime.GOMAXPROCS(0)); err != nil {
+		return rep, err
+	}
+	for i := range rep.Results {
+		rep.Results[i].setEfficiency(rep.ReusePooled)
+	}
+	return rep, nil
+}
+
+func (r *Result) setEfficiency(pooled float64) {
+	if pooled > 0 {
+		r.RoutingEfficiency = r.ReuseRatio / pooled
+	}
+}
+
+// parallel runs jobs, at most n at a time, and returns the first error in
+// job order.
+func parallel(jobs []func() error, n int) error {
+	errs := make([]error, len(jobs))
+	sem := make(chan struct{}, max(n, 1))
+	var wg sync.WaitGroup
+	for i, job := range jobs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			errs[i] = job()
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Sweep settings: the KV router knobs a sweep may vary.
+const (
+	SetOverlapWeight  = "overlap_weight"
+	SetTemperature    = "temperature"
+	SetQueueThreshold = "queue_threshold"
+)
+
+// Setting is one swept knob and its values.
+type Setting struct {
+	Name   string
+	Values []float64
+}
+
+// ParseSetting parses "name=v1,v2,...", name one of overlap_weight,
+// temperature, queue_threshold.
+func ParseSetting(s string) (Setting, error) {
+	name, list, ok := strings.Cut(s, "=")
+	if !ok || list == "" {
+		return Setting{}, fmt.Errorf("sweep %q: want name=v1,v2,...", s)
+	}
+	if _, err := (Config{}).with(name, 0); err != nil {
+		return Setting{}, err
+	}
+	set := Setting{Name: name}
+	for _, f := range strings.Split(list, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+			return Setting{}, fmt.Errorf("sweep %s: value %q, want a finite number >= 0", name, f)
+		}
+		set.Values = append(set.Values, v)
+	}
+	return set, nil
+}
+
+// with returns cfg with the named knob set to v.
+func (c Config) with(name string, v float64) (Config, error) {
+	switch name {
+	case SetOverlapWeight:
+		c.OverlapWeight = v
+	case SetTemperature:
+		c.Temperature = v
+	case SetQueueThreshold:
+		c.QueueThreshold = v
+	default:
+		return c, fmt.Errorf("sweep: unknown setting %q (want %s, %s or %s)", name, SetOverlapWeight, SetTemperature, SetQueueThreshold)
+	}
+	return c, nil
+}
+
+// SweepPoint is one setting of the swept knobs and the KV router's replay
+// under it.
+type SweepPoint struct {
+	Settings map[string]float64 `json:"settings"`
+	Result
+}
+
+// SweepReport is a sweep: the references and one point per combination.
+type SweepReport struct {
+	Report
+	Points []SweepPoint `json:"sweep"`
+}
+
+// Sweep replays the KV router once per combination of the settings' values
+// (their cartesian product, the first setting varying slowest), the other
+// knobs as in cfg. The router is kv_temp when temperature is swept, else kv.
+// The report's Results hold the round-robin and default KV baselines.
+func Sweep(reqs []trace.Request, settings []Setting, cfg Config) (SweepReport, error) {
+	if err := cfg.Validate(); err != nil {
+		return SweepReport{}, err
+	}
+	routerName := KV
+	combos := []map[string]float64{{}}
+	for _, set := range settings {
+		if set.Name == SetTemperature {
+			routerName = KVTemp
+		}
+		var next []map[string]float64
+		for _, c := range combos {
+			for _, v := range set.Values {
+				m := maps.Clone(c)
+				m[set.Name] = v
+				next = append(next, m)
+			}
+		}
+		combos = next
+	}
+	base, err := Compare(reqs, []string{RoundRobin, KV}, cfg)
+	rep := SweepReport{Report: base, Points: make([]SweepPoint, len(combos))}
+	if err != nil {
+		return rep, err
+	}
+	jobs := make([]func() error, len(combos))
+	for i, combo := range combos {
+		c := cfg
+		for _, name := range slices.Sorted(maps.Keys(combo)) {
+			if c, err = c.with(name, combo[name]); err != nil {
+				return rep, err
+			}
+		}
+		jobs[i] = func() error {
+			res, err := Run(reqs, routerName, c)
+			if err != nil {
+				return fmt.Errorf("sweep %v: %w", combo, err)
+			}
+			res.setEfficiency(rep.ReusePooled)
+			rep.Points[i] = SweepPoint{Settings: combo, Result: res}
+			return nil
+		}
+	}
+	return rep, parallel(jobs, runtime.GOMAXPROCS(0))
+}

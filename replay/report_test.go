@@ -1,0 +1,194 @@
+package replay
+
+import (
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/kvradix/kvradix/trace"
+)
+
+// References by hand: a 20-block fleet. A (16 prompt blocks) then C (16
+// other blocks) fill it; LRU evicts 12 blocks, A's tail first, so A again
+// finds its first 4 blocks pooled, and 15 (all but the last token's block)
+// unbounded.
+func TestReferencesByHand(t *testing.T) {
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+		{Timestamp: 20_000, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+		{Timestamp: 10_000, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{5, 6}}, // arrives second
+	}
+	cfg := small()
+	cfg.Blocks = 20
+	pooled, unbounded, err := References(reqs, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	near(t, "pooled", pooled, 4*64/3072.0)
+	near(t, "unbounded", unbounded, 15*64/3072.0)
+
+	// A request larger than one engine is skipped, as Run rejects it.
+	big := append(reqs, trace.Request{Timestamp: 30_000, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}})
+	cfg.Blocks = 17
+	p2, u2, err := References(big, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p2 >= u2 || u2 <= 0 {
+		t.Fatalf("17 blocks: pooled %v, unbounded %v", p2, u2)
+	}
+	cfg.Blocks = 16 // every request needs 17: all skipped
+	if p, u, err := References(big, cfg); err != nil || p != 0 || u != 0 {
+		t.Fatalf("all too large: %v %v %v", p, u, err)
+	}
+	cfg.Workers = 0
+	if _, _, err := References(reqs, cfg); err == nil {
+		t.Fatal("invalid config accepted")
+	}
+}
+
+func synthSmall(t *testing.T) []trace.Request {
+	t.Helper()
+	sc := trace.DefaultSynth()
+	sc.Requests, sc.Rate = 400, 50
+	reqs, err := trace.Synthesize(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reqs
+}
+
+// The references bound every router: unbounded ≥ pooled (LRU is a stack
+// algorithm: a larger cache holds a superset), and on this workload pooled
+// ≥ every router's reuse; efficiency is reuse over pooled.
+func TestCompareEfficiency(t *testing.T) {
+	reqs := synthSmall(t)
+	cfg := DefaultConfig()
+	cfg.Workers, cfg.Blocks = 4, 1024
+	rep, err := Compare(reqs, Routers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(rep.ReuseUnbounded >= rep.ReusePooled && rep.ReusePooled > 0) {
+		t.Fatalf("references: pooled %v, unbounded %v", rep.ReusePooled, rep.ReuseUnbounded)
+	}
+	for i, res := range rep.Results {
+		if res.Router != Routers[i] {
+			t.Fatalf("result %d is %s, want %s", i, res.Router, Routers[i])
+		}
+		near(t, res.Router+" efficiency", res.RoutingEfficiency, res.ReuseRatio/rep.ReusePooled)
+		if res.ReuseRatio > rep.ReusePooled {
+			t.Errorf("%s reuses %v, above the pooled cache's %v", res.Router, res.ReuseRatio, rep.ReusePooled)
+		}
+		if len(res.TTFTPercentiles) != 101 || res.TTFTPercentiles[50] != res.TTFT.P50 || res.TTFTPercentiles[99] != res.TTFT.P99 {
+			t.Errorf("%s: percentiles %v vs %+v", res.Router, res.TTFTPercentiles, res.TTFT)
+		}
+	}
+	if rep.Workers != 4 || rep.Blocks != 1024 || rep.BlockSize != cfg.BlockSize {
+		t.Fatalf("report header %+v", rep)
+	}
+}
+
+func TestParseSetting(t *testing.T) {
+	got, err := ParseSetting("overlap_weight=0, 0.5,4")
+	if err != nil || !reflect.DeepEqual(got, Setting{Name: SetOverlapWeight, Values: []float64{0, 0.5, 4}}) {
+		t.Fatalf("%+v %v", got, err)
+	}
+	for in, want := range map[string]string{
+		"overlap_weight":      "name=v1",
+		"overlap_weight=":     "name=v1",
+		"weight=1":            "unknown setting",
+		"temperature=-1":      "finite number",
+		"queue_threshold=NaN": "finite number",
+		"temperature=Inf":     "finite number",
+		"overlap_weight=1,x":  "finite number",
+	} {
+		if _, err := ParseSetting(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", in, err, want)
+		}
+	}
+}
+
+// A sweep is the grid of its settings, first setting slowest; each point is
+// the plain replay under that configuration.
+func TestSweepGrid(t *testing.T) {
+	reqs := synthSmall(t)
+	cfg := DefaultConfig()
+	cfg.Workers, cfg.Blocks = 4, 1024
+	rep, err := Sweep(reqs, []Setting{{SetOverlapWeight, []float64{1, 8}}, {SetTemperature, []float64{0, 0.5}}}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSettings := []map[string]float64{
+		{SetOverlapWeight: 1, SetTemperature: 0}, {SetOverlapWeight: 1, SetTemperature: 0.5},
+		{SetOverlapWeight: 8, SetTemperature: 0}, {SetOverlapWeight: 8, SetTemperature: 0.5},
+	}
+	if len(rep.Points) != len(wantSettings) || len(rep.Results) != 2 || rep.Results[0].Router != RoundRobin || rep.Results[1].Router != KV {
+		t.Fatalf("%d points, baselines %d", len(rep.Points), len(rep.Results))
+	}
+	for i, p := range rep.Points {
+		if !reflect.DeepEqual(p.Settings, wantSettings[i]) || p.Router != KVTemp {
+			t.Fatalf("point %d: %v %s", i, p.Settings, p.Router)
+		}
+	}
+	c := cfg
+	c.OverlapWeight, c.Temperature = 8, 0.5
+	want := run(t, reqs, KVTemp, c)
+	want.setEfficiency(rep.ReusePooled)
+	if !reflect.DeepEqual(rep.Points[3].Result, want) {
+		t.Fatalf("point 3 differs from its plain replay:\n%+v\n%+v", rep.Points[3].Result, want)
+	}
+	// Without temperature the swept router is kv.
+	rep, err = Sweep(reqs, []Setting{{SetQueueThreshold, []float64{0}}}, cfg)
+	if err != nil || rep.Points[0].Router != KV {
+		t.Fatalf("%v %+v", err, rep.Points)
+	}
+}
+
+// The router's queue runs on the virtual clock: under a burst with a low
+// threshold requests are held back, and every one still completes.
+func TestQueueThreshold(t *testing.T) {
+	sc := trace.DefaultSynth()
+	sc.Requests, sc.Rate, sc.UserTokens = 300, 2000, 3000
+	reqs, err := trace.Synthesize(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Workers, cfg.Blocks = 2, 4096
+	open := run(t, reqs, KV, cfg)
+	cfg.QueueThreshold = 0.01
+	held := run(t, reqs, KV, cfg)
+	if open.Queued != 0 || held.Queued == 0 {
+		t.Fatalf("queued: without threshold %d (want 0), with %d (want > 0)", open.Queued, held.Queued)
+	}
+	if held.Completed != len(reqs) || reflect.DeepEqual(open.TTFT, held.TTFT) {
+		t.Fatalf("with queueing: completed %d of %d, ttft %+v (without: %+v)", held.Completed, len(reqs), held.TTFT, open.TTFT)
+	}
+	for _, bad := range []func(*Config){
+		func(c *Config) { c.QueueThreshold = -1 },
+		func(c *Config) { c.OverlapWeight = math.Inf(1) },
+		func(c *Config) { c.Temperature = math.NaN() },
+	} {
+		c := DefaultConfig()
+		bad(&c)
+		if c.Validate() == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+}
+
+func TestPercentiles(t *testing.T) {
+	xs := make([]float64, 200)
+	for i := range xs {
+		xs[i] = float64(200 - i) // 1..200, reversed
+	}
+	p := Percentiles(xs)
+	if len(p) != 101 || p[0] != 1 || p[50] != 100 || p[99] != 198 || p[100] != 200 {
+		t.Fatalf("%v", p)
+	}
+	if Percentiles(nil) != nil {
+		t.Fatal("empty")
+	}
+}
