@@ -167,9 +167,18 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	// seq. A dropped last batch would go unseen (a gap shows only when a
 	// later batch arrives), so after a quiet spell it publishes an empty
 	// heartbeat batch that reveals it.
+	//
+	// Received is per sequence, and an engine's sequence starts again at
+	// its restart: until the subscriber has seen the restart, the count it
+	// reports is the old life's, so waiting also needs every restart made
+	// so far to have been seen.
+	var restarted atomic.Uint64
 	caughtUp := func(i int, seq uint64) {
 		pub := engs[i].pub
-		for quiet := 0; sub.Received()[i] <= seq && !stopped.Load(); quiet++ {
+		// Restarts first: the subscriber resets Received before counting
+		// a restart.
+		behind := func() bool { return sub.Stats().Restarts < restarted.Load() || sub.Received()[i] <= seq }
+		for quiet := 0; behind() && !stopped.Load(); quiet++ {
 			time.Sleep(time.Millisecond)
 			if quiet == 50 {
 				drop := pub.DropLive
@@ -205,6 +214,7 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 					// replay ring, so gaps still open would be lost for real.
 					caughtUp(i, seq)
 					e.pub.Restart()
+					restarted.Add(1)
 				}
 				last := b == len(e.batches)-1
 				if last {

@@ -204,7 +204,10 @@ func (s *Subscriber) handle(e *endpoint, msg zmq4.Msg) {
 			s.c.dups.Add(1)
 			return
 		}
-		// The engine restarted: what we hold of it is stale.
+		// The engine restarted: what we hold of it is stale. Received
+		// starts again before the restart is counted, so that a reader who
+		// sees the count never sees the old life's sequence.
+		e.lastSeq.Store(0)
 		s.c.restarts.Add(1)
 		s.apply(e, []kvevent.RouterEvent{{WorkerID: e.cfg.Worker, Event: kvevent.Event{DPRank: e.rank, Data: kvevent.Cleared{}}}})
 		e.expected = 0
@@ -358,7 +361,9 @@ func (s *Subscriber) apply(e *endpoint, evs []kvevent.RouterEvent) {
 
 // Received returns, per endpoint (in NewSubscriber's order), how many
 // batches were applied up to the latest sequence: the latest sequence plus
-// one, or 0 before the first.
+// one, or 0 before the first. An engine's restart resets it to 0 before
+// Stats().Restarts counts the restart, so a caller waiting for an engine's
+// sequence after restarting it waits for the count first, then for this.
 func (s *Subscriber) Received() []uint64 {
 	out := make([]uint64, len(s.eps))
 	for i, e := range s.eps {
