@@ -7,7 +7,7 @@ BENCHTIME ?= 100ms
 FUZZTIME ?= 10s
 RESULTS  := results
 
-.PHONY: test lint fuzz bench benchstat bench-compare loadgen replay
+.PHONY: test lint fuzz bench benchstat bench-compare loadgen replay replay-sweep plots
 
 test:
 	$(GO) vet $(PKGS)
@@ -61,3 +61,15 @@ loadgen:
 
 replay:
 	$(GO) run ./cmd/loadgen replay
+
+# The KV router's policy frontier on the embedded trace (about 3 minutes
+# on 2 cores): table and JSON into results/.
+SWEEP ?= -sweep overlap_weight=0,0.5,1,2,4,8,16,32,64 -sweep temperature=0,0.02,0.1
+HOSTLINE = echo "\# $$($(GO) version); $$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $$(nproc) cores; commit $$(git rev-parse --short HEAD)"
+replay-sweep:
+	{ echo "# go run ./cmd/loadgen replay $(SWEEP)"; $(HOSTLINE); $(GO) run ./cmd/loadgen replay $(SWEEP); } | tee $(RESULTS)/replay-sweep.txt
+	{ echo "# go run ./cmd/loadgen replay -json $(SWEEP)"; $(HOSTLINE); $(GO) run ./cmd/loadgen replay -json $(SWEEP); } > $(RESULTS)/replay-sweep.json
+
+# Every SVG plot in results/, from the results files alone.
+plots:
+	$(GO) run ./cmd/plots -results $(RESULTS)

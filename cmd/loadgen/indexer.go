@@ -83,11 +83,13 @@ type indexerResult struct {
 }
 
 type sweepPt struct {
-	OfferedOpsS  float64 `json:"offered_ops_s"`
-	AchievedOpsS float64 `json:"achieved_ops_s"`
-	P99Us        float64 `json:"p99_us"`
-	QueuedFrac   float64 `json:"events_queued_frac"`
-	Saturated    bool    `json:"saturated"`
+	OfferedOpsS       float64 `json:"offered_ops_s"`
+	AchievedOpsS      float64 `json:"achieved_ops_s"`
+	OfferedBlockOpsS  float64 `json:"offered_block_ops_s"`
+	AchievedBlockOpsS float64 `json:"achieved_block_ops_s"`
+	P99Us             float64 `json:"p99_us"`
+	QueuedFrac        float64 `json:"events_queued_frac"`
+	Saturated         bool    `json:"saturated"`
 }
 
 type indexerReport struct {
@@ -448,8 +450,9 @@ func sweepIndex(t *timeline, im shardpool.Impl, blockSize int, window time.Durat
 			break
 		}
 		last = t.run(im, blockSize, w, stopped, progress)
-		pts = append(pts, sweepPt{OfferedOpsS: last.OfferedOpsS, AchievedOpsS: last.AchievedOpsS, P99Us: last.FindMatchesUs.P99,
-			QueuedFrac: last.EventsQueuedFrac, Saturated: last.Saturated})
+		pts = append(pts, sweepPt{OfferedOpsS: last.OfferedOpsS, AchievedOpsS: last.AchievedOpsS,
+			OfferedBlockOpsS: float64(t.blocks) / w.Seconds(), AchievedBlockOpsS: last.AchievedBlockOpS,
+			P99Us: last.FindMatchesUs.P99, QueuedFrac: last.EventsQueuedFrac, Saturated: last.Saturated})
 		fmt.Fprintf(progress, "%s sweep: offered %.0f ops/s, achieved %.0f, saturated %v\n", im, last.OfferedOpsS, last.AchievedOpsS, last.Saturated)
 		if last.Saturated {
 			break
