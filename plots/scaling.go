@@ -66,6 +66,7 @@ func Scaling(w io.Writer, src Source, series *regexp.Regexp, unit string) error 
 			return err
 		}
 	}
+	p.Y.Max *= 12 // headroom: the legend sits above the lines
 	return write(w, p)
 }
 
