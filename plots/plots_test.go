@@ -119,8 +119,8 @@ func TestBadInput(t *testing.T) {
 
 func TestProvenance(t *testing.T) {
 	for header, want := range map[string]string{
-		"# go run x\n# go version go1.26.8 linux/amd64; AMD EPYC x 2 cores; commit 6499cb3\n{}": "AMD EPYC x 2 cores, commit 6499cb3",
-		"# kvradix concurrency scaling\n# commit: b616ac4 (bench binary)\n# cpu: Intel(R) Xeon(R) Processor x 16\n":  "Intel(R) Xeon(R) Processor x 16 cores, commit b616ac4",
+		"# go run x\n# go version go1.26.8 linux/amd64; AMD EPYC x 2 cores; commit 6499cb3\n{}":                     "AMD EPYC x 2 cores, commit 6499cb3",
+		"# kvradix concurrency scaling\n# commit: b616ac4 (bench binary)\n# cpu: Intel(R) Xeon(R) Processor x 16\n": "Intel(R) Xeon(R) Processor x 16 cores, commit b616ac4",
 		"{}": "",
 	} {
 		if got := ParseSource("f", []byte(header)).Provenance(); got != want {

@@ -65,6 +65,7 @@ type request struct {
 // one goroutine.
 type engine struct {
 	id       int
+	rank     kvevent.DPRank // of its worker, stamped on its events
 	cfg      EngineConfig
 	sink     router.EventSink
 	sinkErrs int
@@ -80,8 +81,8 @@ type engine struct {
 	evicted     []uint64
 }
 
-func newEngine(id int, cfg EngineConfig, sink router.EventSink) *engine {
-	e := &engine{id: id, cfg: cfg, sink: sink, unallocated: cfg.Blocks, cache: map[uint64]*cblock{}}
+func newEngine(id int, rank kvevent.DPRank, cfg EngineConfig, sink router.EventSink) *engine {
+	e := &engine{id: id, rank: rank, cfg: cfg, sink: sink, unallocated: cfg.Blocks, cache: map[uint64]*cblock{}}
 	e.lru.prev, e.lru.next = &e.lru, &e.lru
 	return e
 }
@@ -108,7 +109,7 @@ func blocksFor(isl, osl, bs int) int { return (isl + max(osl, 1) + bs - 1) / bs 
 
 func (e *engine) publish(data kvevent.Data) {
 	e.eventID++
-	if err := e.sink.Publish(kvevent.Event{ID: e.eventID, Data: data}); err != nil {
+	if err := e.sink.Publish(kvevent.Event{ID: e.eventID, DPRank: e.rank, Data: data}); err != nil {
 		e.sinkErrs++
 	}
 }

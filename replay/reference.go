@@ -13,7 +13,7 @@ import (
 // same trace and fleet as Run:
 //
 //   - pooled: one LRU prefix cache holding the whole fleet's blocks
-//     (Workers × Blocks, same block size), fed every request in arrival
+//     (Workers × DPSize engines × Blocks, same block size), fed every request in arrival
 //     order. No router over separate caches can expect more: every router
 //     places each block in one engine's share of the same capacity.
 //   - unbounded: the same cache without a capacity, the trace's own reuse
@@ -33,7 +33,7 @@ func References(reqs []trace.Request, cfg Config) (pooled, unbounded float64, er
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].Timestamp, reqs[b].Timestamp) })
-	pc, uc := newLRU(cfg.Workers*cfg.Blocks), newLRU(math.MaxInt)
+	pc, uc := newLRU(cfg.engines()*cfg.Blocks), newLRU(math.MaxInt)
 	var tokens []uint32
 	var local, seq []uint64
 	var prompt, pooledHits, unboundedHits int64

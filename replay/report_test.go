@@ -192,3 +192,31 @@ func TestPercentiles(t *testing.T) {
 		t.Fatal("empty")
 	}
 }
+
+// Ranks are engines of their own: 2 workers × 2 ranks route exactly as 4
+// workers of one rank (same pair order, same seed), overlap included.
+func TestDPRanksRouteAsWorkers(t *testing.T) {
+	reqs := synthSmall(t)
+	flat := DefaultConfig()
+	flat.Workers, flat.Blocks = 4, 1024
+	ranked := flat
+	ranked.Workers, ranked.DPSize = 2, 2
+	for _, name := range []string{KV, RoundRobin} {
+		a, b := run(t, reqs, name, flat), run(t, reqs, name, ranked)
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("%s: 4 workers and 2x2 ranks differ:\n%+v\n%+v", name, a, b)
+		}
+		if a.CachedTokens == 0 || a.RejectedEvents != 0 {
+			t.Fatalf("%s: %+v", name, a)
+		}
+	}
+	p1, u1, _ := References(reqs, flat)
+	p2, u2, _ := References(reqs, ranked)
+	if p1 != p2 || u1 != u2 {
+		t.Fatalf("references differ: %v %v vs %v %v", p1, u1, p2, u2)
+	}
+	ranked.DPSize = 0
+	if ranked.Validate() == nil {
+		t.Fatal("dp size 0 accepted")
+	}
+}

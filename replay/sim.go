@@ -32,7 +32,8 @@ var Routers = []string{RoundRobin, Random, KV, KVTemp}
 
 // Config configures a replay.
 type Config struct {
-	Workers          int     // engines (16)
+	Workers          int     // workers (16)
+	DPSize           int     // data-parallel ranks per worker, one engine each (1)
 	Blocks           int     // KV blocks per engine (16384)
 	BlockSize        int     // tokens per block (64)
 	MaxBatchedTokens int     // per step (8192)
@@ -47,7 +48,7 @@ type Config struct {
 
 // DefaultConfig returns the defaults named on each field.
 func DefaultConfig() Config {
-	return Config{Workers: 16, Blocks: 16384, BlockSize: 64, MaxBatchedTokens: 8192, MaxNumSeqs: 256, Speedup: 1, Temperature: 0.1, OverlapWeight: router.DefaultOverlapWeight, IndexerLanes: 2}
+	return Config{Workers: 16, DPSize: 1, Blocks: 16384, BlockSize: 64, MaxBatchedTokens: 8192, MaxNumSeqs: 256, Speedup: 1, Temperature: 0.1, OverlapWeight: router.DefaultOverlapWeight, IndexerLanes: 2}
 }
 
 // Validate reports the first invalid field.
@@ -55,6 +56,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.Workers < 1:
 		return fmt.Errorf("replay: workers %d, want >= 1", c.Workers)
+	case c.DPSize < 1 || c.DPSize > router.MaxDPSize:
+		return fmt.Errorf("replay: dp size %d, want in [1, %d]", c.DPSize, router.MaxDPSize)
 	case c.Blocks < 1:
 		return fmt.Errorf("replay: blocks %d, want >= 1", c.Blocks)
 	case c.BlockSize < 1:
@@ -75,6 +78,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("replay: indexer lanes %d, want >= 1", c.IndexerLanes)
 	}
 	return nil
+}
+
+// engines is the number of mock engines: one per (worker, rank).
+func (c Config) engines() int { return c.Workers * c.DPSize }
+
+// engineOf returns engine i's worker and rank.
+func (c Config) engineOf(i int) (kvevent.WorkerID, kvevent.DPRank) {
+	return kvevent.WorkerID(i / c.DPSize), kvevent.DPRank(i % c.DPSize)
 }
 
 // ParseRouters splits a comma-separated list of router names.
@@ -174,7 +185,7 @@ type Result struct {
 type policy interface {
 	// choose returns the worker of request i.
 	choose(i int, req router.Request, local []uint64) (int, error)
-	sink(w int) router.EventSink
+	sink(w kvevent.WorkerID) router.EventSink
 	firstToken(id uuid.UUID) error
 	complete(id uuid.UUID) error
 }
@@ -189,7 +200,7 @@ type routerPolicy struct {
 func newRouterPolicy(name string, cfg Config) (*routerPolicy, error) {
 	rc := router.DefaultConfig()
 	rc.BlockSize, rc.Seed, rc.IndexerLanes, rc.MaxBatchedTokens = cfg.BlockSize, cfg.Seed, cfg.IndexerLanes, cfg.MaxBatchedTokens
-	rc.OverlapWeight, rc.QueueThreshold = cfg.OverlapWeight, cfg.QueueThreshold
+	rc.OverlapWeight, rc.QueueThreshold, rc.DPSize = cfg.OverlapWeight, cfg.QueueThreshold, cfg.DPSize
 	mode := router.RoundRobin
 	p := &routerPolicy{}
 	switch name {
@@ -222,22 +233,23 @@ var errQueued = errors.New("replay: queued by the router")
 // at once, and the simulation holds the request and asks again after the
 // next step ends (the router's queue, on the virtual clock).
 func (p *routerPolicy) choose(_ int, req router.Request, _ []uint64) (int, error) {
+	dp := p.r.DPSize()
 	if p.rng != nil {
-		return p.rng.IntN(p.r.Workers()), nil
+		return p.rng.IntN(p.r.Workers() * dp), nil
 	}
 	// Apply every event published so far, so decisions do not depend on
 	// goroutine timing: the replay is deterministic.
 	if err := p.r.Flush(); err != nil {
 		return 0, err
 	}
-	w, err := p.r.SelectWorker(p.done, req)
+	w, err := p.r.SelectWorkerRank(p.done, req)
 	if errors.Is(err, context.Canceled) {
 		return 0, errQueued
 	}
-	return w, err
+	return int(w.ID)*dp + int(w.DPRank), err
 }
 
-func (p *routerPolicy) sink(w int) router.EventSink { return p.r.Sink(kvevent.WorkerID(w)) }
+func (p *routerPolicy) sink(w kvevent.WorkerID) router.EventSink { return p.r.Sink(w) }
 
 func (p *routerPolicy) firstToken(id uuid.UUID) error {
 	_, err := p.r.OnFirstToken(id)
@@ -317,11 +329,11 @@ func Run(reqs []trace.Request, routerName string, cfg Config) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	if ix := pol.r.Indexer(); ix != nil {
+	if pol.r.Mode() == router.KV {
 		if err := pol.r.Flush(); err != nil {
 			return res, err
 		}
-		res.RejectedEvents = ix.Stats().Rejected()
+		res.RejectedEvents = pol.r.Stats().Index.Rejected()
 	}
 	s.report(&res)
 	return res, nil
@@ -329,13 +341,14 @@ func Run(reqs []trace.Request, routerName string, cfg Config) (Result, error) {
 
 // simulate runs the event loop to the end.
 func simulate(reqs []trace.Request, cfg Config, pol policy, res *Result) (*sim, error) {
-	s := &sim{cfg: cfg, pol: pol, perW: make([]int, cfg.Workers)}
+	s := &sim{cfg: cfg, pol: pol, perW: make([]int, cfg.engines())}
 	if c, ok := pol.(interface{ setClock(*float64) }); ok {
 		c.setClock(&s.now)
 	}
 	ec := EngineConfig{Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, MaxBatchedTokens: cfg.MaxBatchedTokens, MaxNumSeqs: cfg.MaxNumSeqs}
-	for i := range cfg.Workers {
-		s.engines = append(s.engines, newEngine(i, ec, pol.sink(i)))
+	for i := range cfg.engines() {
+		w, rank := cfg.engineOf(i)
+		s.engines = append(s.engines, newEngine(i, rank, ec, pol.sink(w)))
 	}
 	s.reqs = make([]*request, len(reqs))
 	for i, tr := range reqs {

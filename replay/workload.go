@@ -30,7 +30,7 @@ func (o *Op) Blocks() int {
 	return ev.Blocks()
 }
 
-// Workload spreads reqs over cfg.Workers simulated workers (uniformly at
+// Workload spreads reqs over cfg.Workers × cfg.DPSize simulated engines (uniformly at
 // random, seeded by cfg.Seed), runs each worker's requests through its mock
 // engine on the virtual clock, and returns the timeline of what an indexer
 // sees: every engine's KV events and, at each request's arrival, the match
@@ -39,7 +39,7 @@ func Workload(reqs []trace.Request, cfg Config) ([]Op, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	rec := &recorder{rng: rand.New(rand.NewPCG(cfg.Seed, 0x776f726b)), workers: cfg.Workers}
+	rec := &recorder{rng: rand.New(rand.NewPCG(cfg.Seed, 0x776f726b)), cfg: cfg}
 	var res Result
 	if _, err := simulate(reqs, cfg, rec, &res); err != nil {
 		return nil, err
@@ -52,17 +52,18 @@ func Workload(reqs []trace.Request, cfg Config) ([]Op, error) {
 
 // recorder is the policy that builds a workload.
 type recorder struct {
-	rng     *rand.Rand
-	workers int
-	clock   *float64 // the simulation's virtual time
-	ops     []Op
+	rng   *rand.Rand
+	cfg   Config
+	clock *float64 // the simulation's virtual time
+	ops   []Op
 }
 
 func (r *recorder) setClock(now *float64) { r.clock = now }
 
 func (r *recorder) choose(i int, _ router.Request, local []uint64) (int, error) {
-	w := r.rng.IntN(r.workers)
-	r.ops = append(r.ops, Op{T: r.now(), Worker: kvevent.WorkerID(w), Match: append([]uint64{}, local...)})
+	w := r.rng.IntN(r.cfg.engines())
+	worker, _ := r.cfg.engineOf(w)
+	r.ops = append(r.ops, Op{T: r.now(), Worker: worker, Match: append([]uint64{}, local...)})
 	return w, nil
 }
 
@@ -82,6 +83,6 @@ func (s recordingSink) Publish(ev kvevent.Event) error {
 
 func (s recordingSink) PublishWithTier(ev kvevent.Event, _ kvevent.Tier) error { return s.Publish(ev) }
 
-func (r *recorder) sink(w int) router.EventSink { return recordingSink{r, kvevent.WorkerID(w)} }
-func (r *recorder) firstToken(uuid.UUID) error  { return nil }
-func (r *recorder) complete(uuid.UUID) error    { return nil }
+func (r *recorder) sink(w kvevent.WorkerID) router.EventSink { return recordingSink{r, w} }
+func (r *recorder) firstToken(uuid.UUID) error               { return nil }
+func (r *recorder) complete(uuid.UUID) error                 { return nil }

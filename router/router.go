@@ -57,7 +57,11 @@ type Config struct {
 	MaxBatchedTokens   int     // the engines' max_num_batched_tokens (8192)
 	TrackPrefillTokens bool    // count active prefill tokens in the cost (true)
 	Seed               uint64  // seeds tie-breaks and sampling (0)
+	DPSize             int     // data-parallel ranks per worker (1); 0 means 1
 }
+
+// MaxDPSize bounds Config.DPSize.
+const MaxDPSize = 4096
 
 // DefaultOverlapWeight is Config.OverlapWeight's default (see Config).
 const DefaultOverlapWeight = 8
@@ -88,34 +92,86 @@ type EventSink interface {
 	PublishWithTier(kvevent.Event, kvevent.Tier) error
 }
 
-// Router routes requests over workers 0..numWorkers-1, either round robin or
-// by KV overlap and load. Worker i publishes its events through
-// Sink(kvevent.WorkerID(i)); SelectWorker returns such an i.
+// Router routes requests over workers 0..numWorkers-1, each with DPSize
+// data-parallel ranks, either round robin or by KV overlap and load. Worker
+// i publishes its events (every rank's, with Event.DPRank set) through
+// Sink(kvevent.WorkerID(i)). With DPSize 1, SelectWorker returns such an i;
+// with more ranks the scheduler weighs every (worker, rank) pair apart —
+// overlap, active blocks, prefill load, tie-breaks and sampling — and
+// SelectWorkerRank returns the pair.
 //
 // All methods are safe for concurrent use.
 type Router struct {
 	mode    Mode
 	cfg     Config
 	n       int
+	dp      int
 	indexer shardpool.Indexer // KV mode only
 	sched   *Scheduler        // KV mode only
 	rr      atomic.Uint64
 	closed  atomic.Bool
 }
 
-// New returns a router. Invalid configuration is an error.
+// New returns a router with its own indexer: the single-threaded one for
+// IndexerLanes 1, else a pool of that many lanes over the compressed index.
+// Invalid configuration is an error.
 func New(mode Mode, cfg Config, numWorkers int) (*Router, error) {
-	switch {
-	case mode != RoundRobin && mode != KV:
-		return nil, fmt.Errorf("router: unknown mode %d", int(mode))
-	case numWorkers <= 0:
-		return nil, fmt.Errorf("router: %d workers, want > 0", numWorkers)
-	case cfg.IndexerLanes < 1:
+	if cfg.IndexerLanes < 1 {
 		return nil, fmt.Errorf("router: %d indexer lanes, want >= 1", cfg.IndexerLanes)
 	}
-	workers := make([]kvevent.Worker, numWorkers)
-	for i := range workers {
-		workers[i] = kvevent.Worker{ID: kvevent.WorkerID(i)}
+	if err := validate(mode, cfg, numWorkers); err != nil {
+		return nil, err
+	}
+	var idx shardpool.Indexer
+	if mode == KV {
+		if cfg.IndexerLanes == 1 {
+			idx = shardpool.NewSingle(cfg.BlockSize)
+		} else {
+			idx = shardpool.NewPool(cfg.IndexerLanes, cfg.BlockSize)
+		}
+	}
+	r, err := newRouter(mode, cfg, numWorkers, idx)
+	if err != nil && idx != nil {
+		_ = idx.Close()
+	}
+	return r, err
+}
+
+// NewWithIndexer returns a router over the caller's indexer (KV mode; nil
+// in round-robin mode), which must hash at cfg.BlockSize.
+// Config.IndexerLanes is ignored. The router owns the indexer from then on:
+// Shutdown closes it.
+func NewWithIndexer(mode Mode, cfg Config, numWorkers int, idx shardpool.Indexer) (*Router, error) {
+	if err := validate(mode, cfg, numWorkers); err != nil {
+		return nil, err
+	}
+	if (mode == KV) != (idx != nil) {
+		return nil, fmt.Errorf("router: %v mode with indexer %v: KV mode needs one, round robin none", mode, idx)
+	}
+	return newRouter(mode, cfg, numWorkers, idx)
+}
+
+func validate(mode Mode, cfg Config, numWorkers int) error {
+	switch {
+	case mode != RoundRobin && mode != KV:
+		return fmt.Errorf("router: unknown mode %d", int(mode))
+	case numWorkers <= 0:
+		return fmt.Errorf("router: %d workers, want > 0", numWorkers)
+	case cfg.DPSize < 0 || cfg.DPSize > MaxDPSize:
+		return fmt.Errorf("router: dp size %d, want in [1, %d]", cfg.DPSize, MaxDPSize)
+	case uint64(numWorkers)*uint64(max(cfg.DPSize, 1)) > 1<<24:
+		return fmt.Errorf("router: %d workers x %d ranks, want at most %d pairs", numWorkers, cfg.DPSize, 1<<24)
+	}
+	return nil
+}
+
+func newRouter(mode Mode, cfg Config, numWorkers int, idx shardpool.Indexer) (*Router, error) {
+	dp := max(cfg.DPSize, 1)
+	workers := make([]kvevent.Worker, 0, numWorkers*dp)
+	for i := range numWorkers {
+		for rank := range dp {
+			workers = append(workers, kvevent.Worker{ID: kvevent.WorkerID(i), DPRank: kvevent.DPRank(rank)})
+		}
 	}
 	sched, err := NewScheduler(SchedulerConfig{
 		BlockSize:          cfg.BlockSize,
@@ -129,14 +185,9 @@ func New(mode Mode, cfg Config, numWorkers int) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{mode: mode, cfg: cfg, n: numWorkers}
+	r := &Router{mode: mode, cfg: cfg, n: numWorkers, dp: dp}
 	if mode == KV {
-		r.sched = sched
-		if cfg.IndexerLanes == 1 {
-			r.indexer = shardpool.NewSingle(cfg.BlockSize)
-		} else {
-			r.indexer = shardpool.NewPool(cfg.IndexerLanes, cfg.BlockSize)
-		}
+		r.sched, r.indexer = sched, idx
 	}
 	return r, nil
 }
@@ -147,11 +198,35 @@ func (r *Router) Mode() Mode { return r.mode }
 // Workers returns the number of workers.
 func (r *Router) Workers() int { return r.n }
 
-// Indexer returns the KV indexer (nil in round-robin mode), for its Stats.
-func (r *Router) Indexer() shardpool.Indexer { return r.indexer }
+// DPSize returns the data-parallel ranks per worker.
+func (r *Router) DPSize() int { return r.dp }
 
-// Scheduler returns the scheduler (nil in round-robin mode).
-func (r *Router) Scheduler() *Scheduler { return r.sched }
+// Stats is what a router's callers read of it.
+type Stats struct {
+	Mode    Mode
+	Workers int
+	DPSize  int
+	// IndexerLanes is 1 for the single-threaded indexer, the pool's lanes,
+	// or 0 in round-robin mode.
+	IndexerLanes int
+	// Index are the indexer's counters (zero in round-robin mode).
+	Index shardpool.Stats
+	// Active is the number of requests tracked between SelectWorker and
+	// OnComplete (0 in round-robin mode).
+	Active int
+}
+
+// Stats returns the router's counters.
+func (r *Router) Stats() Stats {
+	st := Stats{Mode: r.mode, Workers: r.n, DPSize: r.dp}
+	if r.indexer != nil {
+		st.IndexerLanes, st.Index = r.indexer.Lanes(), r.indexer.Stats()
+	}
+	if r.sched != nil {
+		st.Active = r.sched.Active()
+	}
+	return st
+}
 
 type sink struct {
 	r      *Router
@@ -162,13 +237,14 @@ type sink struct {
 func (s sink) Publish(ev kvevent.Event) error { return s.PublishWithTier(ev, kvevent.TierDevice) }
 
 func (s sink) PublishWithTier(ev kvevent.Event, tier kvevent.Tier) error {
-	if s.err != nil {
+	switch {
+	case s.err != nil:
 		return s.err
-	}
-	if s.r.closed.Load() {
+	case s.r.closed.Load():
 		return ErrShutdown
-	}
-	if s.r.indexer == nil {
+	case int(ev.DPRank) >= s.r.dp:
+		return fmt.Errorf("router: worker %d: event %d from rank %d, want < dp size %d", s.worker, ev.ID, ev.DPRank, s.r.dp)
+	case s.r.indexer == nil:
 		return nil // round robin: events are not needed
 	}
 	err := s.r.indexer.ApplyEvent(kvevent.RouterEvent{WorkerID: s.worker, Tier: tier, Event: ev})
@@ -179,7 +255,8 @@ func (s sink) PublishWithTier(ev kvevent.Event, tier kvevent.Tier) error {
 }
 
 // Sink returns the publisher worker uses for its KV events. A worker id
-// outside 0..numWorkers-1 gets a sink whose every call fails.
+// outside 0..numWorkers-1 gets a sink whose every call fails; an event from
+// a rank outside 0..DPSize-1 fails.
 func (r *Router) Sink(worker kvevent.WorkerID) EventSink {
 	if uint64(worker) >= uint64(r.n) {
 		return sink{err: fmt.Errorf("router: worker %d out of range [0,%d)", worker, r.n)}
@@ -187,40 +264,51 @@ func (r *Router) Sink(worker kvevent.WorkerID) EventSink {
 	return sink{r: r, worker: worker}
 }
 
-// SelectWorker routes a request. In KV mode it matches the tokens through
-// the indexer, schedules by cost and registers the request until
-// OnComplete.
+// errRanks is SelectWorker's answer when a worker id alone would lose the
+// rank.
+var errRanks = errors.New("router: DPSize > 1: use SelectWorkerRank, a worker id alone loses the rank")
+
+// SelectWorker routes a request to a worker id; with DPSize > 1 it is an
+// error (see SelectWorkerRank).
 func (r *Router) SelectWorker(ctx context.Context, req Request) (int, error) {
+	if r.dp > 1 {
+		return 0, errRanks
+	}
+	w, err := r.SelectWorkerRank(ctx, req)
+	return int(w.ID), err
+}
+
+// SelectWorkerRank routes a request to a (worker, rank) pair. In KV mode it
+// matches the tokens through the indexer, schedules by cost and registers
+// the request until OnComplete.
+func (r *Router) SelectWorkerRank(ctx context.Context, req Request) (kvevent.Worker, error) {
 	switch {
 	case r.closed.Load():
-		return 0, ErrShutdown
+		return kvevent.Worker{}, ErrShutdown
 	case r.n == 0:
-		return 0, errors.New("router: a zero Router has no workers (use New)")
+		return kvevent.Worker{}, errors.New("router: a zero Router has no workers (use New)")
 	}
 	if req.UUID == uuid.Nil {
-		return 0, errors.New("router: request without a UUID")
+		return kvevent.Worker{}, errors.New("router: request without a UUID")
 	}
 	if req.MaxOutputTokens < 0 || uint64(req.MaxOutputTokens) > math.MaxUint32 {
-		return 0, fmt.Errorf("router: request %v: max output tokens %d do not fit a u32", req.UUID, req.MaxOutputTokens)
+		return kvevent.Worker{}, fmt.Errorf("router: request %v: max output tokens %d do not fit a u32", req.UUID, req.MaxOutputTokens)
 	}
 	if r.mode == RoundRobin {
-		return int((r.rr.Add(1) - 1) % uint64(r.n)), nil
+		k := (r.rr.Add(1) - 1) % uint64(r.n*r.dp)
+		return kvevent.Worker{ID: kvevent.WorkerID(k / uint64(r.dp)), DPRank: kvevent.DPRank(k % uint64(r.dp))}, nil
 	}
 	local := hashing.LocalHashes(make([]uint64, 0, len(req.Tokens)/r.cfg.BlockSize), req.Tokens, r.cfg.BlockSize, hashing.Options{})
 	scores, err := r.indexer.FindMatches(local)
 	if err != nil {
-		return 0, r.shutdownErr(err)
+		return kvevent.Worker{}, r.shutdownErr(err)
 	}
-	w, err := r.sched.Schedule(ctx, SchedRequest{
+	return r.sched.Schedule(ctx, SchedRequest{
 		ID:       req.UUID,
 		ISL:      len(req.Tokens),
 		Blocks:   hashing.SequenceHashes(local[:0:0], local),
 		Overlaps: scores.Scores,
 	})
-	if err != nil {
-		return 0, err
-	}
-	return int(w.ID), nil
 }
 
 func (r *Router) shutdownErr(err error) error {

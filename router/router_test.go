@@ -13,6 +13,7 @@ import (
 	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/router"
+	"github.com/kvradix/kvradix/shardpool"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -130,15 +131,22 @@ func TestRoundRobinCycles(t *testing.T) {
 
 // The reference's tier check, through the router.
 func TestHostPinnedEventsGiveNoOverlap(t *testing.T) {
-	r := newRouter(t, router.KV, 2, nil)
+	cfg := router.DefaultConfig()
+	cfg.BlockSize = 4
+	idx := shardpool.NewSingle(4)
+	r, err := router.NewWithIndexer(router.KV, cfg, 2, idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Shutdown()
 	tokens := seq(32, 1)
 	publishBlocks(t, r, 1, tokens, kvevent.TierHostPinned)
-	scores, err := r.Indexer().FindMatchesForRequest(tokens, "")
+	scores, err := idx.FindMatchesForRequest(tokens, "")
 	if err != nil || len(scores.Scores) != 0 {
 		t.Fatalf("host-pinned blocks scored: %v %v", scores.Scores, err)
 	}
 	publishBlocks(t, r, 1, tokens, kvevent.TierDevice)
-	scores, _ = r.Indexer().FindMatchesForRequest(tokens, "")
+	scores, _ = idx.FindMatchesForRequest(tokens, "")
 	if scores.Scores[kvevent.Worker{ID: 1}] != 8 {
 		t.Fatalf("device blocks: %v", scores.Scores)
 	}
@@ -207,7 +215,7 @@ func TestLifecycleAndShutdown(t *testing.T) {
 	if err := r.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
-	if st := r.Indexer().Stats(); st.Applied != 1 {
+	if st := r.Stats().Index; st.Applied != 1 {
 		t.Fatalf("stats after shutdown %+v", st)
 	}
 	if err := r.Sink(0).Publish(kvevent.Event{Data: kvevent.Cleared{}}); !errors.Is(err, router.ErrShutdown) {
@@ -275,10 +283,10 @@ func TestConcurrentSelectAndComplete(t *testing.T) {
 	if err := r.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if n := r.Scheduler().Active(); n != 0 {
+	if n := r.Stats().Active; n != 0 {
 		t.Fatalf("%d requests still active", n)
 	}
-	if st := r.Indexer().Stats(); st.Applied != 1600 || st.Rejected() != 0 {
+	if st := r.Stats().Index; st.Applied != 1600 || st.Rejected() != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -290,5 +298,110 @@ func TestZeroRouterFails(t *testing.T) {
 	}
 	if err := r.Sink(0).Publish(kvevent.Event{Data: kvevent.Cleared{}}); err == nil {
 		t.Fatal("a zero router accepted an event")
+	}
+}
+
+// With DPSize 2 every (worker, rank) pair is scheduled apart: overlap and
+// load count per rank, round robin cycles the pairs, and a worker id alone
+// is refused.
+func TestDPRanks(t *testing.T) {
+	r := newRouter(t, router.KV, 2, func(c *router.Config) { c.DPSize = 2 })
+	prompt := seq(64, 7)
+	local := hashing.LocalHashes(nil, prompt[:32], 4, hashing.Options{})
+	sh := hashing.SequenceHashes(nil, local)
+	st := kvevent.Stored{}
+	for i := range local {
+		st.Blocks = append(st.Blocks, kvevent.StoredBlock{BlockHash: sh[i], TokensHash: local[i]})
+	}
+	if err := r.Sink(1).Publish(kvevent.Event{DPRank: 1, Data: st}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Sink(1).Publish(kvevent.Event{DPRank: 2, Data: st}); err == nil {
+		t.Fatal("rank 2 accepted with dp size 2")
+	}
+	if err := r.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	w, err := r.SelectWorkerRank(ctx, router.Request{UUID: uuid.New(), Tokens: prompt})
+	if err != nil || w != (kvevent.Worker{ID: 1, DPRank: 1}) {
+		t.Fatalf("cached on 1/1: chose %v (%v)", w, err)
+	}
+	if _, err := r.SelectWorker(ctx, router.Request{UUID: uuid.New(), Tokens: prompt}); err == nil {
+		t.Fatal("SelectWorker answered a worker id with dp size 2")
+	}
+	// Load counts per rank: uncached requests of equal size, each kept
+	// active, land on four distinct pairs.
+	seen := map[kvevent.Worker]bool{}
+	for i := range 4 {
+		w, err := r.SelectWorkerRank(ctx, router.Request{UUID: uuid.New(), Tokens: seq(64, uint32(10_000*(i+1)))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[w] = true
+	}
+	if len(seen) != 4 {
+		t.Fatalf("four equal requests on %d pairs: %v", len(seen), seen)
+	}
+	if st := r.Stats(); st.DPSize != 2 || st.Workers != 2 || st.Active != 5 || st.IndexerLanes != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	rr := newRouter(t, router.RoundRobin, 2, func(c *router.Config) { c.DPSize = 2 })
+	var got []kvevent.Worker
+	for range 5 {
+		w, err := rr.SelectWorkerRank(ctx, router.Request{UUID: uuid.New()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, w)
+	}
+	want := []kvevent.Worker{{ID: 0}, {ID: 0, DPRank: 1}, {ID: 1}, {ID: 1, DPRank: 1}, {ID: 0}}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("round robin %v, want %v", got, want)
+		}
+	}
+	for _, bad := range []int{-1, router.MaxDPSize + 1} {
+		cfg := router.DefaultConfig()
+		cfg.DPSize = bad
+		if _, err := router.New(router.KV, cfg, 1); err == nil {
+			t.Errorf("dp size %d accepted", bad)
+		}
+	}
+}
+
+// NewWithIndexer: the router uses the caller's indexer, owns it (Shutdown
+// closes it), and refuses a mode and indexer that do not go together.
+func TestNewWithIndexer(t *testing.T) {
+	cfg := router.DefaultConfig()
+	cfg.BlockSize = 4
+	if _, err := router.NewWithIndexer(router.KV, cfg, 2, nil); err == nil {
+		t.Error("KV mode without an indexer accepted")
+	}
+	single := shardpool.NewSingle(4)
+	defer single.Close()
+	if _, err := router.NewWithIndexer(router.RoundRobin, cfg, 2, single); err == nil {
+		t.Error("round robin with an indexer accepted")
+	}
+	pool := shardpool.NewPool(3, 4)
+	r, err := router.NewWithIndexer(router.KV, cfg, 2, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishBlocks(t, r, 1, seq(16, 1), kvevent.TierDevice)
+	if st := r.Stats(); st.IndexerLanes != 3 || st.Index.Applied != 1 || st.Mode != router.KV {
+		t.Fatalf("stats %+v", st)
+	}
+	if err := r.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Flush(); !errors.Is(err, shardpool.ErrClosed) {
+		t.Fatalf("the indexer after Shutdown: %v, want closed", err)
+	}
+	if st := newRouter(t, router.RoundRobin, 2, nil).Stats(); st.IndexerLanes != 0 || st.Active != 0 || st.DPSize != 1 {
+		t.Fatalf("round robin stats %+v", st)
+	}
+	if st := newRouter(t, router.KV, 2, func(c *router.Config) { c.IndexerLanes = 1 }).Stats(); st.IndexerLanes != 1 {
+		t.Fatalf("single stats %+v", st)
 	}
 }

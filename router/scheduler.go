@@ -67,7 +67,9 @@ type PotentialLoad struct {
 //	cost           = overlap_weight · prefill_blocks + decode_blocks
 //
 // A request's new blocks on a worker are its complete blocks not already
-// active there, plus its trailing partial block if any. With temperature 0
+// active there; a trailing partial block counts nowhere, neither in the
+// request's new blocks nor in a worker's active blocks (as the reference's
+// tracked sequences count tokens / block_size blocks). With temperature 0
 // the lowest cost wins, ties broken uniformly at random; with temperature
 // T > 0 a worker is drawn with probability ∝ exp(-c/T), c the costs
 // normalised to [0, 1].
@@ -92,6 +94,7 @@ type Scheduler struct {
 	active  []int // active requests per worker
 	refs    map[uint64][]blockRef
 	reqs    map[uuid.UUID]*activeRequest
+	waiting map[uuid.UUID]struct{} // ids inside Schedule, before registration
 	rng     *rand.Rand
 	waiters []chan struct{}
 	closed  bool
@@ -112,7 +115,6 @@ type blockRef struct {
 type activeRequest struct {
 	worker  int
 	blocks  []uint64
-	partial bool
 	prefill int // prefill tokens still counted
 }
 
@@ -146,6 +148,7 @@ func NewScheduler(cfg SchedulerConfig, workers []kvevent.Worker) (*Scheduler, er
 		active:  make([]int, n),
 		refs:    map[uint64][]blockRef{},
 		reqs:    map[uuid.UUID]*activeRequest{},
+		waiting: map[uuid.UUID]struct{}{},
 		rng:     rand.New(rand.NewPCG(cfg.Seed, 0x6b76726164697821)),
 		overlap: make([]uint32, n),
 		hits:    make([]int32, n),
@@ -160,18 +163,25 @@ func NewScheduler(cfg SchedulerConfig, workers []kvevent.Worker) (*Scheduler, er
 	return s, nil
 }
 
-// Schedule picks a worker for req and registers the request on it. With
-// queueing on, it may first wait; it returns ctx.Err() if the context ends
-// while waiting, and ErrShutdown if the scheduler is closed.
+// Schedule picks a worker for req and registers the request on it. An id
+// already active or waiting is refused at once with ErrDuplicateRequest.
+// With queueing on, it may first wait; it returns ctx.Err() if the context
+// ends while waiting, and ErrShutdown if the scheduler is closed.
 func (s *Scheduler) Schedule(ctx context.Context, req SchedRequest) (kvevent.Worker, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.admit(ctx); err != nil {
-		return kvevent.Worker{}, err
-	}
-	if _, dup := s.reqs[req.ID]; dup {
-		s.wakeHead()
+	// A duplicate is refused before it can queue: an id active or waiting
+	// now is never admitted later as new.
+	_, active := s.reqs[req.ID]
+	_, waiting := s.waiting[req.ID]
+	if active || waiting {
 		return kvevent.Worker{}, fmt.Errorf("%w: %v", ErrDuplicateRequest, req.ID)
+	}
+	s.waiting[req.ID] = struct{}{}
+	err := s.admit(ctx)
+	delete(s.waiting, req.ID)
+	if err != nil {
+		return kvevent.Worker{}, err
 	}
 	s.prepare(req)
 	i := s.choose(req)
@@ -280,11 +290,7 @@ func (s *Scheduler) prefillTokens(isl, i int) int {
 
 // newBlocks is how many blocks the request adds to worker i's active set.
 func (s *Scheduler) newBlocks(req SchedRequest, i int) int {
-	n := len(req.Blocks) - int(s.hits[i])
-	if req.ISL%s.cfg.BlockSize != 0 {
-		n++
-	}
-	return n
+	return len(req.Blocks) - int(s.hits[i])
 }
 
 // costs fills s.costs for req; prepare must have run.
@@ -293,9 +299,6 @@ func (s *Scheduler) fillCosts(req SchedRequest) {
 	fbs := float64(bs)
 	w := s.cfg.OverlapWeight
 	base := len(req.Blocks)
-	if req.ISL%bs != 0 {
-		base++
-	}
 	track := s.cfg.TrackPrefillTokens
 	for i := range s.costs {
 		pre := max(0, req.ISL-int(s.overlap[i])*bs)
@@ -352,7 +355,7 @@ func (s *Scheduler) choose(req SchedRequest) int {
 
 // register adds req to worker i's active sequences.
 func (s *Scheduler) register(req SchedRequest, i int) {
-	r := &activeRequest{worker: i, blocks: append([]uint64(nil), req.Blocks...), partial: req.ISL%s.cfg.BlockSize != 0}
+	r := &activeRequest{worker: i, blocks: append([]uint64(nil), req.Blocks...)}
 	if s.cfg.TrackPrefillTokens {
 		r.prefill = s.prefillTokens(req.ISL, i)
 		s.prefill[i] += r.prefill
@@ -371,9 +374,6 @@ func (s *Scheduler) register(req SchedRequest, i int) {
 			s.refs[h] = append(refs, blockRef{worker: int32(i), count: 1})
 			s.unique[i]++
 		}
-	}
-	if r.partial {
-		s.unique[i]++
 	}
 	s.active[i]++
 	s.reqs[req.ID] = r
@@ -423,9 +423,6 @@ func (s *Scheduler) Free(id uuid.UUID) error {
 		} else {
 			s.refs[h] = refs
 		}
-	}
-	if r.partial {
-		s.unique[i]--
 	}
 	s.active[i]--
 	delete(s.reqs, id)

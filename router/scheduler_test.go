@@ -3,6 +3,8 @@ package router
 import (
 	"context"
 	"errors"
+	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -37,8 +39,8 @@ func id(i int) uuid.UUID { return uuid.NewSHA1(uuid.Nil, []byte{byte(i), byte(i 
 func TestCostByHand(t *testing.T) {
 	s := newSched(t, baseCfg(), 2)
 	// Worker 1 runs a 10-token request (2 full blocks + partial): 10 prefill
-	// tokens, 3 unique blocks.
-	// Both idle: cost 10/4 + 3 each, so either by tie-break.
+	// tokens, 2 active blocks (the partial block counts nowhere).
+	// Both idle: cost 10/4 + 2 each, so either by tie-break.
 	busy, err := s.Schedule(context.Background(), SchedRequest{ID: id(1), ISL: 10, Blocks: []uint64{100, 101}})
 	if err != nil {
 		t.Fatal(err)
@@ -46,12 +48,12 @@ func TestCostByHand(t *testing.T) {
 	idle := kvevent.Worker{ID: 1 - busy.ID}
 	// A request of 8 tokens (blocks 100, 201), 1 block cached on the busy
 	// worker:
-	//   busy: prefill (10 + 8 - 4)/4 = 3.5, decode 3 + (2 - 1 shared) = 4 -> 7.5
+	//   busy: prefill (10 + 8 - 4)/4 = 3.5, decode 2 + (2 - 1 shared) = 3 -> 6.5
 	//   idle: prefill 8/4 = 2,            decode 0 + 2 = 2             -> 4
 	req := SchedRequest{ID: id(2), ISL: 8, Blocks: []uint64{100, 201}, Overlaps: map[kvevent.Worker]uint32{busy: 1}}
 	loads := s.PotentialLoads(req)
 	want := map[kvevent.Worker]PotentialLoad{
-		busy: {Worker: busy, PrefillTokens: 14, DecodeBlocks: 4, ActiveRequests: 1},
+		busy: {Worker: busy, PrefillTokens: 14, DecodeBlocks: 3, ActiveRequests: 1},
 		idle: {Worker: idle, PrefillTokens: 8, DecodeBlocks: 2, ActiveRequests: 0},
 	}
 	for _, l := range loads {
@@ -64,7 +66,7 @@ func TestCostByHand(t *testing.T) {
 		t.Fatalf("scheduled on %v (%v), want the idle worker %v", got, err, idle)
 	}
 	// With prefill done on the busy worker and overlap weight 10, the
-	// cached block wins: busy (8-4)/4*10 + 4 = 14 vs idle (8+8)/4*10 + (3+2) = 45.
+	// cached block wins: busy (8-4)/4*10 + 3 = 13 vs idle (8+8)/4*10 + (2+2) = 44.
 	s.cfg.OverlapWeight = 10
 	if err := s.MarkPrefillCompleted(id(1)); err != nil {
 		t.Fatal(err)
@@ -87,8 +89,8 @@ func TestSharedBlocksCountOnce(t *testing.T) {
 	if l := load(); l.DecodeBlocks != 3 || l.ActiveRequests != 2 || l.PrefillTokens != 24 {
 		t.Fatalf("two requests sharing 3 blocks: %+v", l)
 	}
-	if l := s.PotentialLoads(SchedRequest{ISL: 13, Blocks: []uint64{1, 2, 9}})[0]; l.DecodeBlocks != 3+2 {
-		t.Fatalf("a request with 1 new block and a partial one: %+v", l)
+	if l := s.PotentialLoads(SchedRequest{ISL: 13, Blocks: []uint64{1, 2, 9}})[0]; l.DecodeBlocks != 3+1 {
+		t.Fatalf("a request with 1 new block and a partial one (not counted): %+v", l)
 	}
 	if err := s.Free(id(0)); err != nil {
 		t.Fatal(err)
@@ -273,4 +275,148 @@ func waitQueued(t *testing.T, s *Scheduler, n int) {
 		}
 	}
 	t.Fatalf("%d requests never queued", n)
+}
+
+// A duplicate id is refused before it can queue: neither a copy of an
+// active request nor a copy of a waiting one waits, so none is admitted as
+// new once the original is freed.
+func TestDuplicateRefusedBeforeQueueing(t *testing.T) {
+	cfg := baseCfg()
+	cfg.QueueThreshold, cfg.MaxBatchedTokens = 1, 8
+	s := newSched(t, cfg, 1)
+	ctx := context.Background()
+	if _, err := s.Schedule(ctx, SchedRequest{ID: id(1), ISL: 16}); err != nil {
+		t.Fatal(err)
+	}
+	// Busy: a copy of the active request is refused at once, not queued.
+	if _, err := s.Schedule(ctx, SchedRequest{ID: id(1), ISL: 16}); !errors.Is(err, ErrDuplicateRequest) {
+		t.Fatalf("copy of an active request: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Schedule(ctx, SchedRequest{ID: id(2), ISL: 16})
+		done <- err
+	}()
+	waitQueued(t, s, 1)
+	if _, err := s.Schedule(ctx, SchedRequest{ID: id(2), ISL: 4}); !errors.Is(err, ErrDuplicateRequest) {
+		t.Fatalf("copy of a waiting request: %v", err)
+	}
+	if err := s.Free(id(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if s.Active() != 1 || len(s.waiting) != 0 {
+		t.Fatalf("active %d, waiting ids %d", s.Active(), len(s.waiting))
+	}
+	s.Close()
+}
+
+// dynamoCost is a hand-written reference of the reference router's cost for
+// worker w: its tracked sequences count complete blocks only.
+//
+//	logit = weight · (active prefill tokens + isl − overlap·bs) / bs
+//	      + (active blocks + the request's complete blocks not active there)
+type dynamoRef struct {
+	bs      int
+	weight  float64
+	prefill []int
+	active  []map[uint64]int // block → requests holding it
+}
+
+func (d *dynamoRef) cost(w int, isl int, blocks []uint64, overlap uint32) float64 {
+	newBlocks := 0
+	for _, h := range blocks {
+		if d.active[w][h] == 0 {
+			newBlocks++
+		}
+	}
+	pre := float64(d.prefill[w]+isl-int(overlap)*d.bs) / float64(d.bs)
+	return d.weight*pre + float64(len(d.active[w])+newBlocks)
+}
+
+// On random prompt lengths (most ending mid-block), random shared prefixes
+// and overlaps, every decision is one of the reference's cheapest workers.
+func TestCostMatchesDynamoReference(t *testing.T) {
+	const n, bs, requests = 5, 16, 300
+	cfg := baseCfg()
+	cfg.BlockSize = bs
+	s := newSched(t, cfg, n)
+	ref := &dynamoRef{bs: bs, weight: cfg.OverlapWeight, prefill: make([]int, n), active: make([]map[uint64]int, n)}
+	for w := range ref.active {
+		ref.active[w] = map[uint64]int{}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	type live struct {
+		id      uuid.UUID
+		w       int
+		prefill int
+		blocks  []uint64
+	}
+	var running []live
+	for i := range requests {
+		isl := 1 + rng.IntN(200)
+		full := isl / bs
+		prefix := uint64(rng.IntN(4)) // one of four shared chains
+		blocks := make([]uint64, full)
+		for j := range blocks {
+			if j < 3 {
+				blocks[j] = prefix<<32 | uint64(j)
+			} else {
+				blocks[j] = uint64(i+1)<<40 | uint64(j)
+			}
+		}
+		overlaps := map[kvevent.Worker]uint32{}
+		for w := range n {
+			if rng.IntN(2) == 0 && full > 0 {
+				overlaps[kvevent.Worker{ID: kvevent.WorkerID(w)}] = uint32(rng.IntN(full + 1))
+			}
+		}
+		req := SchedRequest{ID: id(1000 + i), ISL: isl, Blocks: blocks, Overlaps: overlaps}
+		best := math.Inf(1)
+		costs := make([]float64, n)
+		for w := range n {
+			costs[w] = ref.cost(w, isl, blocks, overlaps[kvevent.Worker{ID: kvevent.WorkerID(w)}])
+			best = min(best, costs[w])
+		}
+		got, err := s.Schedule(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := int(got.ID)
+		if costs[w] > best+1e-9 {
+			t.Fatalf("request %d (isl %d): chose worker %d at cost %v; the reference's cheapest cost %v (all %v)", i, isl, w, costs[w], best, costs)
+		}
+		l := live{id: req.ID, w: w, prefill: isl - int(overlaps[got])*bs, blocks: blocks}
+		ref.prefill[w] += l.prefill
+		for _, h := range blocks {
+			ref.active[w][h]++
+		}
+		running = append(running, l)
+		// Prefills complete and requests finish at random.
+		for k := 0; k < len(running); k++ {
+			r := &running[k]
+			if r.prefill > 0 && rng.IntN(3) == 0 {
+				ref.prefill[r.w] -= r.prefill
+				r.prefill = 0
+				if err := s.MarkPrefillCompleted(r.id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if rng.IntN(6) == 0 {
+				ref.prefill[r.w] -= r.prefill
+				for _, h := range r.blocks {
+					if ref.active[r.w][h]--; ref.active[r.w][h] == 0 {
+						delete(ref.active[r.w], h)
+					}
+				}
+				if err := s.Free(r.id); err != nil {
+					t.Fatal(err)
+				}
+				running = append(running[:k], running[k+1:]...)
+				k--
+			}
+		}
+	}
 }

@@ -50,6 +50,8 @@ type Indexer interface {
 	Close() error
 	// Stats returns the counters.
 	Stats() Stats
+	// Lanes returns the goroutines applying events: 1 for Single.
+	Lanes() int
 }
 
 // Stats are an indexer's counters since it started.

@@ -146,3 +146,6 @@ func (s *Single) Close() error {
 
 // Stats implements Indexer.
 func (s *Single) Stats() Stats { return s.c.stats(len(s.ch)) }
+
+// Lanes implements Indexer: one goroutine owns the tree.
+func (s *Single) Lanes() int { return 1 }

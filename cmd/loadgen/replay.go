@@ -40,7 +40,8 @@ func (c *replayConfig) register(fs *flag.FlagSet) {
 	c.work.register(fs)
 	c.sim = replay.DefaultConfig()
 	cfg := &c.sim
-	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "mock engines")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "workers")
+	fs.IntVar(&cfg.DPSize, "dp-size", cfg.DPSize, "data-parallel ranks per worker: one mock engine each, scheduled apart")
 	fs.IntVar(&cfg.Blocks, "blocks", cfg.Blocks, "KV blocks per engine")
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "tokens per KV block")
 	fs.IntVar(&cfg.MaxBatchedTokens, "max-batched-tokens", cfg.MaxBatchedTokens, "tokens per engine step")

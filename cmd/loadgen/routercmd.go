@@ -19,7 +19,6 @@ import (
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/replay"
 	"github.com/kvradix/kvradix/router"
-	"github.com/kvradix/kvradix/shardpool"
 	"github.com/kvradix/kvradix/trace"
 )
 
@@ -58,6 +57,7 @@ func runRouter(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	inflight := fs.Int("inflight", 512, "requests kept active (first token seen, not complete) across clients")
 	modes := fs.String("modes", "round_robin,kv", "router modes: round_robin, kv")
 	lanes := fs.Int("lanes", 2, "indexer lanes of the kv router (1 = single-threaded)")
+	dpSize := fs.Int("dp-size", 1, "data-parallel ranks per worker, scheduled apart")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	format := fs.String("format", "table", "output: table, or bench")
 	if err := fs.Parse(args); err != nil {
@@ -104,7 +104,7 @@ func runRouter(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	var results []routerResult
 	for _, m := range ms {
 		cfg := router.DefaultConfig()
-		cfg.BlockSize, cfg.IndexerLanes = *blockSize, *lanes
+		cfg.BlockSize, cfg.IndexerLanes, cfg.DPSize = *blockSize, *lanes, *dpSize
 		r, err := router.New(m, cfg, *workers)
 		if err != nil {
 			return err
@@ -149,12 +149,9 @@ func runRouter(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 func driveRouter(r *router.Router, reqs []trace.Request, rate float64, window time.Duration, clients, keep, bs int, stopped *atomic.Bool, progress io.Writer) (routerResult, error) {
 	n := int(rate * window.Seconds())
 	res := routerResult{Mode: r.Mode().String(), Requests: n, OfferedRPS: rate}
-	if p, ok := r.Indexer().(*shardpool.Pool); ok {
-		res.Lanes = p.Lanes()
-	} else if r.Indexer() != nil {
-		res.Lanes = 1
-	}
-	perWorker := make([]atomic.Int64, r.Workers())
+	res.Lanes = r.Stats().IndexerLanes
+	dp := r.DPSize()
+	perWorker := make([]atomic.Int64, r.Workers()*dp)
 	lat := make([][]time.Duration, clients)
 	var next, done atomic.Int64
 	var firstErr error
@@ -188,13 +185,13 @@ func driveRouter(r *router.Router, reqs []trace.Request, rate float64, window ti
 				var id uuid.UUID
 				binary.BigEndian.PutUint64(id[8:], uint64(i)+1)
 				t0 := time.Now()
-				w, err := r.SelectWorker(context.Background(), router.Request{UUID: id, Tokens: tokens, MaxOutputTokens: tr.OutputLength})
+				w, err := r.SelectWorkerRank(context.Background(), router.Request{UUID: id, Tokens: tokens, MaxOutputTokens: tr.OutputLength})
 				lat[c] = append(lat[c], time.Since(t0))
 				if err != nil {
 					fail(err)
 					return
 				}
-				perWorker[w].Add(1)
+				perWorker[int(w.ID)*dp+int(w.DPRank)].Add(1)
 				// The worker caches the prompt's blocks...
 				local := hashing.LocalHashes(nil, tokens, bs, hashing.Options{})
 				seq := hashing.SequenceHashes(nil, local)
@@ -202,7 +199,7 @@ func driveRouter(r *router.Router, reqs []trace.Request, rate float64, window ti
 				for j := range local {
 					st.Blocks[j] = kvevent.StoredBlock{BlockHash: seq[j], TokensHash: local[j]}
 				}
-				if err := r.Sink(kvevent.WorkerID(w)).Publish(kvevent.Event{ID: uint64(i), Data: st}); err != nil {
+				if err := r.Sink(w.ID).Publish(kvevent.Event{ID: uint64(i), DPRank: w.DPRank, Data: st}); err != nil {
 					fail(err)
 					return
 				}
@@ -234,10 +231,7 @@ progress:
 		case <-finished:
 			break progress
 		case now := <-tick.C:
-			d, depth := done.Load(), 0
-			if ix := r.Indexer(); ix != nil {
-				depth = ix.Stats().QueueDepth
-			}
+			d, depth := done.Load(), r.Stats().Index.QueueDepth
 			fmt.Fprintf(progress, "%s: %5.1fs %8.0f req/s, queue depth %d\n", res.Mode, now.Sub(start).Seconds(),
 				float64(d-lastDone)/now.Sub(last).Seconds(), depth)
 			last, lastDone = now, d
@@ -254,10 +248,8 @@ progress:
 	res.ElapsedS = elapsed.Seconds()
 	res.AchievedRPS = float64(done.Load()) / max(elapsed, window).Seconds()
 	res.DecisionUs = latencies(lat)
-	if ix := r.Indexer(); ix != nil {
-		st := ix.Stats()
-		res.Events, res.Rejected = st.Applied+st.Rejected(), st.Rejected()
-	}
+	st := r.Stats().Index
+	res.Events, res.Rejected = st.Applied+st.Rejected(), st.Rejected()
 	counts := make([]int, len(perWorker))
 	for i := range perWorker {
 		counts[i] = int(perWorker[i].Load())
