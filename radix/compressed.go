@@ -161,10 +161,11 @@ func (h *holder) has(off uint32) bool {
 
 // xworker is one cache owner (a worker id and rank).
 type xworker struct {
-	worker kvevent.Worker
-	slot   uint32
-	size   atomic.Int64 // blocks held
-	eng    engineTable  // engine hash -> location; the writer's
+	worker  kvevent.Worker
+	slot    uint32
+	size    atomic.Int64      // blocks held
+	eng     engineTable       // engine hash -> location; the writer's
+	aliases map[uint64]uint32 // location -> engine hashes naming it beyond the first (nil: none); the writer's
 }
 
 // A location packs a run id (high half, >= 1) and an offset; 0 is the root.
@@ -255,8 +256,8 @@ func (t *CompressedTree) worker(w kvevent.Worker) *xworker {
 
 // forget drops everything xw holds and releases its slot.
 func (t *CompressedTree) forget(xw *xworker) {
-	xw.eng.each(func(_, loc uint64) { t.leave(loc, xw) })
-	xw.eng = engineTable{}
+	xw.eng.each(func(_, loc uint64) { t.unname(loc, xw) })
+	xw.eng, xw.aliases = engineTable{}, nil
 	delete(t.workers, xw.worker)
 	t.freeSlot = append(t.freeSlot, xw.slot)
 	if len(t.workers) == 0 {
@@ -265,6 +266,9 @@ func (t *CompressedTree) forget(xw *xworker) {
 }
 
 func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
+	if err := checkChain(w, d); err != nil {
+		return err
+	}
 	xw := t.workers[w]
 	var loc uint64 // the root
 	if d.HasParent {
@@ -294,15 +298,19 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 		if had && old == loc {
 			continue
 		}
-		// Join first, so that leaving old cannot trim the path just walked.
+		// Name the new block first, so that leaving old cannot trim the
+		// path just walked.
+		e.loc = loc
 		if t.join(loc, xw) {
-			e.loc = loc
 			joined++
 		} else {
-			xw.eng.del(b.BlockHash)
+			if xw.aliases == nil {
+				xw.aliases = map[uint64]uint32{}
+			}
+			xw.aliases[loc]++
 		}
 		if had {
-			t.leave(old, xw)
+			t.unname(old, xw)
 		}
 	}
 	// Sizes once per event, not two atomic adds per block.
@@ -457,6 +465,20 @@ func (t *CompressedTree) join(loc uint64, xw *xworker) bool {
 	return true
 }
 
+// unname drops one engine hash of xw naming loc (the table entry is the
+// caller's to delete); xw leaves loc with its last alias.
+func (t *CompressedTree) unname(loc uint64, xw *xworker) {
+	if n := xw.aliases[loc]; n > 0 {
+		if n == 1 {
+			delete(xw.aliases, loc)
+		} else {
+			xw.aliases[loc] = n - 1
+		}
+		return
+	}
+	t.leave(loc, xw)
+}
+
 // leave makes xw stop holding loc, which it holds; the engine hash naming
 // loc is the caller's to delete.
 func (t *CompressedTree) leave(loc uint64, xw *xworker) {
@@ -557,7 +579,7 @@ func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
 			missing++
 			continue
 		}
-		t.leave(loc, xw)
+		t.unname(loc, xw)
 	}
 	if xw != nil && xw.eng.len() == 0 {
 		t.forget(xw)
@@ -782,16 +804,16 @@ func (t *CompressedTree) Dump() []kvevent.RouterEvent {
 		starts[r] = d
 		return d
 	}
-	held := map[kvevent.Worker]map[uint64]uint64{}
+	d := &dumper[uint64]{root: 0}
 	var pairs []pair
 	for w, xw := range t.workers {
-		m := make(map[uint64]uint64, xw.eng.len())
 		xw.eng.each(func(h, loc uint64) {
-			m[loc] = h
-			r, off := t.unpack(loc)
-			pairs = append(pairs, pair{w, loc, startOf(r) + off})
+			if _, seen := d.held[w][loc]; !seen {
+				r, off := t.unpack(loc)
+				pairs = append(pairs, pair{w, loc, startOf(r) + off})
+			}
+			d.addHeld(w, loc, h)
 		})
-		held[w] = m
 	}
 	slices.SortFunc(pairs, func(a, b pair) int {
 		if a.depth != b.depth {
@@ -805,23 +827,19 @@ func (t *CompressedTree) Dump() []kvevent.RouterEvent {
 		}
 		return compareWorkers(a.w, b.w)
 	})
-	d := &dumper[uint64]{
-		root: 0,
-		key: func(loc uint64) uint64 {
-			r, off := t.unpack(loc)
-			return r.view()[off]
-		},
-		parent: func(loc uint64) uint64 {
-			r, off := t.unpack(loc)
-			switch {
-			case off > 0:
-				return pack(r, off-1)
-			case r.parent != nil:
-				return pack(r.parent, r.parentOff)
-			}
-			return 0
-		},
-		held: held,
+	d.key = func(loc uint64) uint64 {
+		r, off := t.unpack(loc)
+		return r.view()[off]
+	}
+	d.parent = func(loc uint64) uint64 {
+		r, off := t.unpack(loc)
+		switch {
+		case off > 0:
+			return pack(r, off-1)
+		case r.parent != nil:
+			return pack(r.parent, r.parentOff)
+		}
+		return 0
 	}
 	for _, p := range pairs {
 		d.emit(p.w, p.loc)

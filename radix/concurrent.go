@@ -58,13 +58,19 @@ import (
 // Two different paths whose 64-bit chained keys collide would share a node;
 // with well-mixed tokens hashes the chance is about n²/2⁶⁵ for n nodes.
 type ConcurrentTree struct {
-	once    sync.Once // see ready
-	nodes   *xsync.Map[uint64, cnode]
-	workers *xsync.Map[kvevent.Worker, *cworker]
-	slots   slotTable
-	size    atomic.Int64
-	scratch sync.Pool // *matchScratch
+	once       sync.Once // see ready
+	nodes      *xsync.Map[uint64, cnode]
+	workers    *xsync.Map[kvevent.Worker, *cworker]
+	slots      slotTable
+	size       atomic.Int64
+	collisions atomic.Uint64 // see Collisions
+	scratch    sync.Pool     // *matchScratch
 }
+
+// Collisions returns how many child-count updates found no node to update:
+// only two paths whose chained keys collide can make a parent vanish under
+// its child. Such an update is cancelled, never applied to a node made up.
+func (t *ConcurrentTree) Collisions() uint64 { return t.collisions.Load() }
 
 // slotTable maps worker slots to workers. Slots of removed workers are
 // reused; a reader resolves the slots it collected only after its walk, so
@@ -162,14 +168,15 @@ func (n cnode) withSlots(ss []uint32) cnode {
 // cworker is one cache owner. lookup and op are owned by its writer
 // goroutine; the rest is safe to read concurrently.
 type cworker struct {
-	worker kvevent.Worker
-	slot   uint32
-	size   atomic.Int64      // len(lookup)
-	lookup map[uint64]uint64 // engine hash -> node key
-	op     nodeOp
+	worker  kvevent.Worker
+	slot    uint32
+	size    atomic.Int64      // nodes held
+	lookup  map[uint64]uint64 // engine hash -> node key
+	aliases map[uint64]int32  // node key -> engine hashes naming it beyond the first (nil: none)
+	op      nodeOp
 	// The op's methods as values, bound once: a closure per Compute call
 	// would allocate its captured results on every block.
-	joinFn, leaveFn, dropChildFn computeFn
+	joinFn, leaveFn, addChildFn, dropChildFn computeFn
 }
 
 type computeFn = func(cnode, bool) (cnode, xsync.ComputeOp)
@@ -182,6 +189,7 @@ type nodeOp struct {
 	created, joined bool   // join results
 	deleted         bool   // leave / dropChild: the node was deleted...
 	up              uint64 // ...and this was its parent
+	missing         bool   // addChild / dropChild: no node to count in
 }
 
 // join adds the slot to the node, creating it if absent.
@@ -220,8 +228,13 @@ func (o *nodeOp) leave(n cnode, loaded bool) (cnode, xsync.ComputeOp) {
 }
 
 // dropChild decrements the node's child count, deleting it if left empty
-// and childless.
-func (o *nodeOp) dropChild(n cnode, _ bool) (cnode, xsync.ComputeOp) {
+// and childless. A missing node (only a key collision can lose one) is
+// left missing: see ConcurrentTree.Collisions.
+func (o *nodeOp) dropChild(n cnode, loaded bool) (cnode, xsync.ComputeOp) {
+	if !loaded {
+		o.missing = true
+		return n, xsync.CancelOp
+	}
 	if n.children == 1 && n.single == noSlot && n.multi == nil {
 		o.deleted, o.up = true, n.parent
 		return n, xsync.DeleteOp
@@ -230,9 +243,14 @@ func (o *nodeOp) dropChild(n cnode, _ bool) (cnode, xsync.ComputeOp) {
 	return n, xsync.UpdateOp
 }
 
-// addChild increments the node's child count; the node exists, since the
-// writer creating the child holds it.
-func addChild(n cnode, _ bool) (cnode, xsync.ComputeOp) {
+// addChild increments the node's child count. The node exists, since the
+// writer creating the child holds it, unless a key collision lost it: then
+// nothing is created (a zero node would claim worker slot 0).
+func (o *nodeOp) addChild(n cnode, loaded bool) (cnode, xsync.ComputeOp) {
+	if !loaded {
+		o.missing = true
+		return n, xsync.CancelOp
+	}
 	n.children++
 	return n, xsync.UpdateOp
 }
@@ -322,7 +340,7 @@ func (t *ConcurrentTree) worker(w kvevent.Worker) *cworker {
 	cw := &cworker{worker: w, lookup: map[uint64]uint64{}}
 	t.slots.take(cw)
 	cw.op.slot = cw.slot
-	cw.joinFn, cw.leaveFn, cw.dropChildFn = cw.op.join, cw.op.leave, cw.op.dropChild
+	cw.joinFn, cw.leaveFn, cw.addChildFn, cw.dropChildFn = cw.op.join, cw.op.leave, cw.op.addChild, cw.op.dropChild
 	t.workers.Store(w, cw)
 	return cw
 }
@@ -353,6 +371,9 @@ func (t *ConcurrentTree) Apply(ev kvevent.RouterEvent) error {
 }
 
 func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
+	if err := checkChain(w, d); err != nil {
+		return err
+	}
 	cw, known := t.workers.Load(w)
 	parent := rootKey
 	if d.HasParent {
@@ -378,20 +399,38 @@ func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
 			parent = key
 			continue
 		}
-		// Join first, so that leaving old cannot delete the path just walked.
+		// Name the new node first, so that leaving old cannot delete the
+		// path just walked.
+		cw.lookup[b.BlockHash] = key
 		if t.join(key, parent, cw) {
-			cw.lookup[b.BlockHash] = key
 			cw.size.Add(1)
 			t.size.Add(1)
-		} else if had {
-			delete(cw.lookup, b.BlockHash)
+		} else {
+			if cw.aliases == nil {
+				cw.aliases = map[uint64]int32{}
+			}
+			cw.aliases[key]++
 		}
 		if had {
-			t.leave(old, cw)
+			t.unname(old, cw)
 		}
 		parent = key
 	}
 	return nil
+}
+
+// unname drops one engine hash of cw naming the node key (the lookup entry
+// is the caller's to delete); cw leaves the node with its last alias.
+func (t *ConcurrentTree) unname(key uint64, cw *cworker) {
+	if n := cw.aliases[key]; n > 0 {
+		if n == 1 {
+			delete(cw.aliases, key)
+		} else {
+			cw.aliases[key] = n - 1
+		}
+		return
+	}
+	t.leave(key, cw)
 }
 
 // join adds cw to the node key, creating it (as a child of parent) if
@@ -401,7 +440,11 @@ func (t *ConcurrentTree) join(key, parent uint64, cw *cworker) bool {
 	o.parent, o.created, o.joined = parent, false, false
 	t.nodes.Compute(key, cw.joinFn)
 	if o.created && parent != rootKey {
-		t.nodes.Compute(parent, addChild)
+		o.missing = false
+		t.nodes.Compute(parent, cw.addChildFn)
+		if o.missing {
+			t.collisions.Add(1)
+		}
 	}
 	return o.joined
 }
@@ -415,8 +458,11 @@ func (t *ConcurrentTree) leave(key uint64, cw *cworker) {
 	o.deleted = false
 	t.nodes.Compute(key, cw.leaveFn)
 	for o.deleted && o.up != rootKey {
-		o.deleted = false
+		o.deleted, o.missing = false, false
 		t.nodes.Compute(o.up, cw.dropChildFn)
+		if o.missing {
+			t.collisions.Add(1)
+		}
 	}
 }
 
@@ -434,7 +480,7 @@ func (t *ConcurrentTree) remove(w kvevent.Worker, hashes []uint64) error {
 			continue
 		}
 		delete(cw.lookup, h)
-		t.leave(key, cw)
+		t.unname(key, cw)
 	}
 	if cw != nil && len(cw.lookup) == 0 {
 		t.forget(cw)
@@ -449,9 +495,9 @@ func (t *ConcurrentTree) remove(w kvevent.Worker, hashes []uint64) error {
 // buckets when emptied).
 func (t *ConcurrentTree) clear(cw *cworker) {
 	for _, key := range cw.lookup {
-		t.leave(key, cw)
+		t.unname(key, cw)
 	}
-	cw.lookup = map[uint64]uint64{}
+	cw.lookup, cw.aliases = map[uint64]uint64{}, nil
 }
 
 // RemoveWorker implements Index: every rank of id leaves every node and is
@@ -559,7 +605,6 @@ func sameSlots(a, b []uint32) bool {
 // Dump implements Index. It must not run concurrently with writers.
 func (t *ConcurrentTree) Dump() []kvevent.RouterEvent {
 	t.ready()
-	held := map[kvevent.Worker]map[uint64]uint64{}
 	type pair struct {
 		w     kvevent.Worker
 		key   uint64
@@ -577,16 +622,14 @@ func (t *ConcurrentTree) Dump() []kvevent.RouterEvent {
 		depths[k] = d
 		return d
 	}
+	d := &dumper[uint64]{root: rootKey}
 	t.workers.Range(func(w kvevent.Worker, cw *cworker) bool {
-		if len(cw.lookup) == 0 {
-			return true
-		}
-		m := make(map[uint64]uint64, len(cw.lookup))
 		for h, k := range cw.lookup {
-			m[k] = h
-			pairs = append(pairs, pair{w, k, depthOf(k)})
+			if _, seen := d.held[w][k]; !seen {
+				pairs = append(pairs, pair{w, k, depthOf(k)})
+			}
+			d.addHeld(w, k, h)
 		}
-		held[w] = m
 		return true
 	})
 	slices.SortFunc(pairs, func(a, b pair) int {
@@ -601,17 +644,13 @@ func (t *ConcurrentTree) Dump() []kvevent.RouterEvent {
 		}
 		return compareWorkers(a.w, b.w)
 	})
-	d := &dumper[uint64]{
-		root: rootKey,
-		key: func(k uint64) uint64 {
-			n, _ := t.nodes.Load(k)
-			return localOf(k, n.parent)
-		},
-		parent: func(k uint64) uint64 {
-			n, _ := t.nodes.Load(k)
-			return n.parent
-		},
-		held: held,
+	d.key = func(k uint64) uint64 {
+		n, _ := t.nodes.Load(k)
+		return localOf(k, n.parent)
+	}
+	d.parent = func(k uint64) uint64 {
+		n, _ := t.nodes.Load(k)
+		return n.parent
 	}
 	for _, p := range pairs {
 		d.emit(p.w, p.key)

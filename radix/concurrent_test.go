@@ -220,3 +220,19 @@ func TestNodeLayout(t *testing.T) {
 		t.Fatalf("cnode is %d bytes, want 24", radix.CNodeSize)
 	}
 }
+
+// A child-count update that finds no node (only a key collision can lose a
+// parent) is cancelled and counted, never applied to a node made up: a zero
+// node would claim worker slot 0.
+func TestConcurrentChildCountOnAMissingNode(t *testing.T) {
+	tr := radix.NewConcurrentTree()
+	missing := uint64(0x1234)
+	radix.ConcurrentJoinUnder(tr, kvevent.Worker{ID: 7}, 99, missing)
+	if tr.Collisions() != 1 || radix.ConcurrentHasNode(tr, missing) {
+		t.Fatalf("after a join under a missing parent: %d collisions, parent node made up %v", tr.Collisions(), radix.ConcurrentHasNode(tr, missing))
+	}
+	radix.ConcurrentLeave(tr, kvevent.Worker{ID: 7}, 99, missing)
+	if tr.Collisions() != 2 || radix.ConcurrentHasNode(tr, missing) {
+		t.Fatalf("after leaving: %d collisions, parent node made up %v", tr.Collisions(), radix.ConcurrentHasNode(tr, missing))
+	}
+}

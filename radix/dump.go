@@ -21,7 +21,7 @@ type dumper[N comparable] struct {
 	root   N
 	key    func(N) uint64 // tokens hash of a node
 	parent func(N) N
-	held   map[kvevent.Worker]map[N]uint64 // engine hash of each held node
+	held   map[kvevent.Worker]map[N][]uint64 // engine hashes (aliases) of each held node, sorted
 
 	placeholders map[kvevent.Worker]map[N]uint64
 	used         map[kvevent.Worker]map[uint64]bool
@@ -30,12 +30,29 @@ type dumper[N comparable] struct {
 	nextHash     uint64
 }
 
-// emit appends the Stored event of w holding n. The parent of n must be the
-// root, held by w, or given a placeholder first (a hole: w left it).
+// emit appends the Stored events of w holding n, one per alias. The parent
+// of n must be the root, held by w, or given a placeholder first (a hole: w
+// left it).
 func (d *dumper[N]) emit(w kvevent.Worker, n N) {
-	h := d.held[w][n]
 	ph, has := d.parentHash(w, d.parent(n))
-	d.store(w, ph, has, kvevent.StoredBlock{BlockHash: h, TokensHash: d.key(n)})
+	for _, h := range d.held[w][n] {
+		d.store(w, ph, has, kvevent.StoredBlock{BlockHash: h, TokensHash: d.key(n)})
+	}
+}
+
+// addHeld records that engine hash h of w names node n.
+func (d *dumper[N]) addHeld(w kvevent.Worker, n N, h uint64) {
+	if d.held == nil {
+		d.held = map[kvevent.Worker]map[N][]uint64{}
+	}
+	m := d.held[w]
+	if m == nil {
+		m = map[N][]uint64{}
+		d.held[w] = m
+	}
+	hs := m[n]
+	i, _ := slices.BinarySearch(hs, h)
+	m[n] = slices.Insert(hs, i, h)
 }
 
 // parentHash returns how w names p in a Stored event: nothing for the root,
@@ -44,8 +61,8 @@ func (d *dumper[N]) parentHash(w kvevent.Worker, p N) (uint64, bool) {
 	if p == d.root {
 		return 0, false
 	}
-	if h, ok := d.held[w][p]; ok {
-		return h, true
+	if hs, ok := d.held[w][p]; ok {
+		return hs[0], true
 	}
 	if h, ok := d.placeholders[w][p]; ok {
 		return h, true
@@ -75,8 +92,10 @@ func (d *dumper[N]) freshHash(w kvevent.Worker) uint64 {
 	used := d.used[w]
 	if used == nil {
 		used = map[uint64]bool{}
-		for _, h := range d.held[w] {
-			used[h] = true
+		for _, hs := range d.held[w] {
+			for _, h := range hs {
+				used[h] = true
+			}
 		}
 		d.used[w] = used
 	}

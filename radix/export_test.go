@@ -22,14 +22,18 @@ func TreeInvariants(t *Tree) error {
 			if len(c.workers) == 0 && len(c.children) == 0 {
 				return fmt.Errorf("empty childless node %x left linked", k)
 			}
-			for w := range c.workers {
+			for w, aliases := range c.workers {
 				pairs++
-				found := false
-				for _, m := range t.workers[w] {
-					found = found || m == c
+				names := 0
+				if tw := t.workers[w]; tw != nil {
+					for _, m := range tw.names {
+						if m == c {
+							names++
+						}
+					}
 				}
-				if !found {
-					return fmt.Errorf("worker %v in node %x without an engine hash", w, k)
+				if names != aliases || names == 0 {
+					return fmt.Errorf("worker %v in node %x counts %d aliases, is named by %d hashes", w, k, aliases, names)
 				}
 			}
 			if err := walk(c); err != nil {
@@ -45,16 +49,21 @@ func TreeInvariants(t *Tree) error {
 		return fmt.Errorf("root holds workers")
 	}
 	n := 0
-	for w, lookup := range t.workers {
-		for h, m := range lookup {
+	for w, tw := range t.workers {
+		distinct := map[*node]bool{}
+		for h, m := range tw.names {
 			if _, ok := m.workers[w]; !ok {
 				return fmt.Errorf("worker %v hash %x names a node it is not in", w, h)
 			}
+			distinct[m] = true
 		}
-		n += len(lookup)
+		if tw.nodes != len(distinct) {
+			return fmt.Errorf("worker %v counts %d nodes, names %d", w, tw.nodes, len(distinct))
+		}
+		n += len(distinct)
 	}
 	if n != pairs || n != t.size {
-		return fmt.Errorf("%d hashes, %d memberships, size %d", n, pairs, t.size)
+		return fmt.Errorf("%d named nodes, %d memberships, size %d", n, pairs, t.size)
 	}
 	return nil
 }
@@ -115,6 +124,7 @@ func ConcurrentInvariants(t *ConcurrentTree) (nodes int, err error) {
 	})
 	pairs := 0
 	t.workers.Range(func(w kvevent.Worker, cw *cworker) bool {
+		names := map[uint64]int32{}
 		for _, k := range cw.lookup {
 			n, ok := t.nodes.Load(k)
 			var buf [1]uint32
@@ -122,17 +132,37 @@ func ConcurrentInvariants(t *ConcurrentTree) (nodes int, err error) {
 				err = fmt.Errorf("worker %v names node %x it is not in", w, k)
 				return false
 			}
+			names[k]++
 		}
-		if int(cw.size.Load()) != len(cw.lookup) {
-			err = fmt.Errorf("worker %v size %d, map %d", w, cw.size.Load(), len(cw.lookup))
+		if err = checkAliases(w, names, cw.aliases); err != nil {
+			return false
 		}
-		pairs += len(cw.lookup)
+		if int(cw.size.Load()) != len(names) {
+			err = fmt.Errorf("worker %v size %d, names %d nodes", w, cw.size.Load(), len(names))
+		}
+		pairs += len(names)
 		return err == nil
 	})
 	if err == nil && (pairs != members || pairs != t.Size()) {
 		err = fmt.Errorf("%d hashes, %d memberships, size %d", pairs, members, t.Size())
 	}
 	return nodes, err
+}
+
+// checkAliases checks that a worker's alias counts are the hashes naming
+// each node beyond the first, with no entry for a node named once.
+func checkAliases[K comparable, N int32 | uint32](w kvevent.Worker, names map[K]N, aliases map[K]N) error {
+	for k, n := range names {
+		if aliases[k] != n-1 {
+			return fmt.Errorf("worker %v: node %v named by %d hashes, %d aliases counted", w, k, n, aliases[k])
+		}
+	}
+	for k, a := range aliases {
+		if _, ok := names[k]; !ok || a == 0 {
+			return fmt.Errorf("worker %v: %d aliases counted for node %v it does not name", w, a, k)
+		}
+	}
+	return nil
 }
 
 // CNodeSize is the size of a ConcurrentTree node, held by value in the
@@ -231,20 +261,25 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 		if xw.worker != w || xw.eng.len() == 0 {
 			return runs, fmt.Errorf("worker %v registered with %d blocks", w, xw.eng.len())
 		}
+		names := map[uint64]uint32{}
 		xw.eng.each(func(h, loc uint64) {
 			r, off := t.unpack(loc)
 			i, found := holderOf(r.holderArray(), xw)
 			if err == nil && (!found || !r.holderArray()[i].has(off)) {
 				err = fmt.Errorf("worker %v hash %x names a block it does not hold", w, h)
 			}
+			names[loc]++
 		})
-		if int(xw.size.Load()) != xw.eng.len() {
-			err = fmt.Errorf("worker %v size %d, table %d", w, xw.size.Load(), xw.eng.len())
+		if err == nil {
+			err = checkAliases(w, names, xw.aliases)
+		}
+		if err == nil && int(xw.size.Load()) != len(names) {
+			err = fmt.Errorf("worker %v size %d, names %d blocks", w, xw.size.Load(), len(names))
 		}
 		if err != nil {
 			return runs, err
 		}
-		pairs += xw.eng.len()
+		pairs += len(names)
 	}
 	if pairs != members || pairs != t.Size() {
 		return runs, fmt.Errorf("%d hashes, %d memberships, size %d", pairs, members, t.Size())
@@ -253,4 +288,23 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 		return runs, fmt.Errorf("%d map entries for %d runs", n, runs)
 	}
 	return runs, nil
+}
+
+// ConcurrentJoinUnder makes w hold the node of tokens hash local under the
+// parent key, whether or not a node has that key.
+func ConcurrentJoinUnder(t *ConcurrentTree, w kvevent.Worker, local, parent uint64) {
+	t.ready()
+	t.join(childKey(parent, local), parent, t.worker(w))
+}
+
+// ConcurrentLeave makes w leave the node ConcurrentJoinUnder joined.
+func ConcurrentLeave(t *ConcurrentTree, w kvevent.Worker, local, parent uint64) {
+	cw, _ := t.workers.Load(w)
+	t.leave(childKey(parent, local), cw)
+}
+
+// ConcurrentHasNode reports whether a node has the key.
+func ConcurrentHasNode(t *ConcurrentTree, key uint64) bool {
+	_, ok := t.nodes.Load(key)
+	return ok
 }

@@ -10,24 +10,37 @@
 //
 // # Semantics
 //
-// A node is a path of local (tokens) hashes from the root. Each worker keeps
-// a map from the engine's block hash to the node it names; a worker holds a
-// node exactly when one of its engine hashes maps to it, so the map is a
-// bijection between a worker's engine hashes and the nodes it holds.
+// A node is a path of local (tokens) hashes from the root. Each worker
+// (worker id and data-parallel rank) keeps a map from the engine's block
+// hashes to the nodes they name; a worker holds a node exactly when at least
+// one of its engine hashes names it. Several engine hashes may name one node
+// (aliases): an engine that salts its hashes with something the router does
+// not see (cache_salt, multimodal hashes) stores the same token path under
+// another hash, and both stay usable, as in the reference.
 //
 //   - Stored: the parent is looked up in the worker's own map (no parent =
-//     the root); an unknown parent rejects the whole event (ErrParentNotFound).
-//     Each block descends to the child keyed by its tokens hash. If the worker
-//     already holds that node, the block is a no-op (the first engine hash
-//     stays); if the block's engine hash named another node, the worker moves
-//     from that node to this one.
-//   - Removed: the worker leaves each named node; unknown hashes are skipped,
-//     the rest applies, and the error wraps ErrBlockNotFound with the count.
-//   - Cleared: the worker leaves every node it holds.
+//     the root; any alias will do); an unknown parent rejects the whole event
+//     (ErrParentNotFound), and so does a block whose engine hash equals its
+//     parent's (ErrInvalidSequence: a chain cannot name itself as its
+//     parent). Each block descends to the child keyed by its tokens hash and
+//     its engine hash names that node from then on: if the worker already
+//     held the node, the hash becomes another alias; if the hash named
+//     another node, it stops naming that one (the worker leaves it unless
+//     another alias still names it).
+//   - Removed: each named hash stops naming its node; the worker leaves a
+//     node when its last alias goes. Unknown hashes are skipped, the rest
+//     applies, and the error wraps ErrBlockNotFound with the count.
+//   - Cleared: the worker (this rank only) leaves every node it holds. A
+//     rank's AllBlocksCleared speaks for that rank's engine; the worker's
+//     other ranks keep their caches. (The reference's KvIndexer clears every
+//     rank, its concurrent tree one; we follow the second: clearing ranks
+//     that did not clear would forget blocks they still hold.) RemoveWorker
+//     drops every rank.
 //
 // Removals do not cascade: a worker may hold a node without its parent, and
 // its overlap score stops at the first block it does not hold. Nodes left
-// with no workers and no children are unlinked.
+// with no workers and no children are unlinked. A worker's tree size counts
+// the nodes it holds, not its engine hashes.
 package radix
 
 import (
@@ -46,7 +59,23 @@ var (
 	ErrBlockNotFound = errors.New("block not found")
 	// ErrInvalidEvent rejects an event without data.
 	ErrInvalidEvent = errors.New("invalid event")
+	// ErrInvalidSequence rejects a Stored event in which a block's engine
+	// hash equals its parent's; nothing of the event is applied.
+	ErrInvalidSequence = errors.New("invalid block sequence")
 )
+
+// checkChain returns ErrInvalidSequence, naming the block, if a block of d
+// names itself as its parent.
+func checkChain(w kvevent.Worker, d kvevent.Stored) error {
+	parent, has := d.ParentHash, d.HasParent
+	for i, b := range d.Blocks {
+		if has && b.BlockHash == parent {
+			return fmt.Errorf("%w: worker %v, block %d (%#x) is its own parent", ErrInvalidSequence, w, i, b.BlockHash)
+		}
+		parent, has = b.BlockHash, true
+	}
+	return nil
+}
 
 // MissingBlocksError reports the hashes of a Removed event the worker did
 // not hold; it matches ErrBlockNotFound under errors.Is.

@@ -15,19 +15,25 @@ import (
 // A Tree is not safe for concurrent use.
 type Tree struct {
 	root    *node
-	workers map[kvevent.Worker]map[uint64]*node // engine hash -> node
+	workers map[kvevent.Worker]*treeWorker
 	size    int
+}
+
+// treeWorker is what one worker holds.
+type treeWorker struct {
+	names map[uint64]*node // engine hash -> node
+	nodes int              // nodes held (each named by one or more hashes)
 }
 
 type node struct {
 	key      uint64 // tokens hash of this block
 	parent   *node
 	children map[uint64]*node
-	workers  map[kvevent.Worker]struct{}
+	workers  map[kvevent.Worker]int // engine hashes of the worker naming this node
 }
 
 func newNode(key uint64, parent *node) *node {
-	return &node{key: key, parent: parent, children: map[uint64]*node{}, workers: map[kvevent.Worker]struct{}{}}
+	return &node{key: key, parent: parent, children: map[uint64]*node{}, workers: map[kvevent.Worker]int{}}
 }
 
 // NewTree returns an empty tree. The zero Tree is empty and ready to use.
@@ -40,7 +46,7 @@ func NewTree() *Tree {
 // ready initialises a zero Tree.
 func (t *Tree) ready() {
 	if t.root == nil {
-		t.root, t.workers = newNode(0, nil), map[kvevent.Worker]map[uint64]*node{}
+		t.root, t.workers = newNode(0, nil), map[kvevent.Worker]*treeWorker{}
 	}
 }
 
@@ -63,18 +69,24 @@ func (t *Tree) Apply(ev kvevent.RouterEvent) error {
 }
 
 func (t *Tree) store(w kvevent.Worker, d kvevent.Stored) error {
-	lookup := t.workers[w]
+	if err := checkChain(w, d); err != nil {
+		return err
+	}
+	tw := t.workers[w]
 	parent := t.root
 	if d.HasParent {
-		p, ok := lookup[d.ParentHash]
-		if !ok {
+		var p *node
+		if tw != nil {
+			p = tw.names[d.ParentHash]
+		}
+		if p == nil {
 			return fmt.Errorf("%w: worker %v, parent %#x", ErrParentNotFound, w, d.ParentHash)
 		}
 		parent = p
 	}
-	if lookup == nil {
-		lookup = map[uint64]*node{}
-		t.workers[w] = lookup
+	if tw == nil {
+		tw = &treeWorker{names: map[uint64]*node{}}
+		t.workers[w] = tw
 	}
 	for _, b := range d.Blocks {
 		child := parent.children[b.TokensHash]
@@ -82,21 +94,20 @@ func (t *Tree) store(w kvevent.Worker, d kvevent.Stored) error {
 			child = newNode(b.TokensHash, parent)
 			parent.children[b.TokensHash] = child
 		}
-		old, had := lookup[b.BlockHash]
+		old, had := tw.names[b.BlockHash]
 		if had && old == child {
 			parent = child
 			continue
 		}
-		// Join first, so that leaving old cannot prune the path just walked.
-		if _, held := child.workers[w]; !held {
-			child.workers[w] = struct{}{}
-			lookup[b.BlockHash] = child
+		// Name the new node first, so that leaving old cannot prune the
+		// path just walked.
+		tw.names[b.BlockHash] = child
+		if child.workers[w]++; child.workers[w] == 1 {
+			tw.nodes++
 			t.size++
-		} else if had {
-			delete(lookup, b.BlockHash)
 		}
 		if had {
-			t.leave(old, w)
+			t.unname(old, w, tw)
 		}
 		parent = child
 	}
@@ -104,16 +115,19 @@ func (t *Tree) store(w kvevent.Worker, d kvevent.Stored) error {
 }
 
 func (t *Tree) remove(w kvevent.Worker, hashes []uint64) error {
-	lookup := t.workers[w]
+	tw := t.workers[w]
 	missing := 0
 	for _, h := range hashes {
-		n, ok := lookup[h]
-		if !ok {
+		var n *node
+		if tw != nil {
+			n = tw.names[h]
+		}
+		if n == nil {
 			missing++
 			continue
 		}
-		delete(lookup, h)
-		t.leave(n, w)
+		delete(tw.names, h)
+		t.unname(n, w, tw)
 	}
 	if missing > 0 {
 		return &MissingBlocksError{Worker: w, Missing: missing, Of: len(hashes)}
@@ -122,15 +136,23 @@ func (t *Tree) remove(w kvevent.Worker, hashes []uint64) error {
 }
 
 func (t *Tree) clear(w kvevent.Worker) {
-	for _, n := range t.workers[w] {
-		t.leave(n, w)
+	if tw := t.workers[w]; tw != nil {
+		for _, n := range tw.names {
+			t.unname(n, w, tw)
+		}
 	}
 	delete(t.workers, w)
 }
 
-// leave removes w from n and unlinks the nodes left empty and childless.
-func (t *Tree) leave(n *node, w kvevent.Worker) {
+// unname drops one engine hash of w naming n (the caller's map entry is
+// the caller's to delete); w leaves n with its last alias, and the nodes
+// left empty and childless are unlinked.
+func (t *Tree) unname(n *node, w kvevent.Worker, tw *treeWorker) {
+	if n.workers[w]--; n.workers[w] > 0 {
+		return
+	}
 	delete(n.workers, w)
+	tw.nodes--
 	t.size--
 	for n != t.root && len(n.workers) == 0 && len(n.children) == 0 {
 		delete(n.parent.children, n.key)
@@ -194,7 +216,7 @@ func (t *Tree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
 		res.Scores[w] = uint32(depth)
 	}
 	for w := range res.Scores {
-		res.TreeSizes[w] = len(t.workers[w])
+		res.TreeSizes[w] = t.workers[w].nodes
 	}
 	return res
 }
@@ -203,20 +225,16 @@ func (t *Tree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
 // before children.
 func (t *Tree) Dump() []kvevent.RouterEvent {
 	t.ready()
-	// Invert each worker's map: which engine hash names a held node.
-	held := make(map[kvevent.Worker]map[*node]uint64, len(t.workers))
-	for w, lookup := range t.workers {
-		m := make(map[*node]uint64, len(lookup))
-		for h, n := range lookup {
-			m[n] = h
-		}
-		held[w] = m
-	}
 	d := &dumper[*node]{
 		root:   t.root,
 		key:    func(n *node) uint64 { return n.key },
 		parent: func(n *node) *node { return n.parent },
-		held:   held,
+	}
+	// Invert each worker's map: which engine hashes name a held node.
+	for w, tw := range t.workers {
+		for h, n := range tw.names {
+			d.addHeld(w, n, h)
+		}
 	}
 	queue := []*node{t.root}
 	for len(queue) > 0 {

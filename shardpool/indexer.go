@@ -62,6 +62,7 @@ type Stats struct {
 	BlockNotFound  uint64 // Removed events with unknown hashes (rest applied)
 	BlocksNotFound uint64 // the unknown hashes in those events
 	Invalid        uint64 // events without data
+	SelfParent     uint64 // Stored events rejected: a block named itself as its parent
 	LastRejection  string // the latest rejection, naming the worker
 	QueueDepth     int    // events queued now
 	MaxQueueDepth  int    // the deepest any queue has been
@@ -74,7 +75,9 @@ type Stats struct {
 }
 
 // Rejected returns the number of events rejected in whole or in part.
-func (s Stats) Rejected() uint64 { return s.ParentNotFound + s.BlockNotFound + s.Invalid }
+func (s Stats) Rejected() uint64 {
+	return s.ParentNotFound + s.BlockNotFound + s.Invalid + s.SelfParent
+}
 
 // MeanBatch returns the mean batch size.
 func (s Stats) MeanBatch() float64 {
@@ -86,10 +89,10 @@ func (s Stats) MeanBatch() float64 {
 
 // counters are the shared, concurrently updated part of Stats.
 type counters struct {
-	applied, ignoredTier, parentNotFound, blockNotFound, blocksNotFound, invalid atomic.Uint64
-	batches, batchedEvents, removedWorkers, queued                               atomic.Uint64
-	maxBatch, maxDepth, pairs                                                    atomic.Int64
-	lastRejection                                                                atomic.Pointer[string]
+	applied, ignoredTier, parentNotFound, blockNotFound, blocksNotFound, invalid, selfParent atomic.Uint64
+	batches, batchedEvents, removedWorkers, queued                                           atomic.Uint64
+	maxBatch, maxDepth, pairs                                                                atomic.Int64
+	lastRejection                                                                            atomic.Pointer[string]
 }
 
 // record counts the outcome of applying one event.
@@ -105,6 +108,8 @@ func (c *counters) record(err error) {
 		c.blocksNotFound.Add(uint64(missing.Missing))
 	case errors.Is(err, radix.ErrParentNotFound):
 		c.parentNotFound.Add(1)
+	case errors.Is(err, radix.ErrInvalidSequence):
+		c.selfParent.Add(1)
 	default:
 		c.invalid.Add(1)
 	}
@@ -135,6 +140,7 @@ func (c *counters) stats(depth int) Stats {
 		BlockNotFound:  c.blockNotFound.Load(),
 		BlocksNotFound: c.blocksNotFound.Load(),
 		Invalid:        c.invalid.Load(),
+		SelfParent:     c.selfParent.Load(),
 		QueueDepth:     depth,
 		MaxQueueDepth:  int(c.maxDepth.Load()),
 		Batches:        c.batches.Load(),

@@ -115,15 +115,16 @@ func TestRejectionsAreCounted(t *testing.T) {
 			radixtest.Stored(w, 99, 12, 3),        // parent unknown
 			radixtest.Removed(w, 11, 77, 78),      // two unknown
 			{WorkerID: 3, Event: kvevent.Event{}}, // no data
+			radixtest.Stored(w, 10, 10, 4),        // its own parent
 		}
 		for _, e := range evs {
 			check(t, idx.ApplyEvent(e))
 		}
-		if n := flush(t, idx); n != 4 {
-			t.Fatalf("flush reports %d events, want 4", n)
+		if n := flush(t, idx); n != 5 {
+			t.Fatalf("flush reports %d events, want 5", n)
 		}
 		st := idx.Stats()
-		if st.Applied != 1 || st.ParentNotFound != 1 || st.BlockNotFound != 1 || st.BlocksNotFound != 2 || st.Invalid != 1 || st.Rejected() != 3 {
+		if st.Applied != 1 || st.ParentNotFound != 1 || st.BlockNotFound != 1 || st.BlocksNotFound != 2 || st.Invalid != 1 || st.SelfParent != 1 || st.Rejected() != 4 {
 			t.Fatalf("stats %+v", st)
 		}
 		if !strings.Contains(st.LastRejection, "worker 3") {
@@ -385,4 +386,19 @@ func TestParseImpls(t *testing.T) {
 		}
 	}()
 	shardpool.Impl{Name: "btree"}.New(4)
+}
+
+// A Cleared event clears the rank that sent it; the worker's other ranks
+// keep their blocks (radix, Semantics), in every indexer.
+func TestClearedClearsOneRank(t *testing.T) {
+	forEach(t, func(t *testing.T, idx shardpool.Indexer) {
+		r0, r1 := kvevent.Worker{ID: 4}, kvevent.Worker{ID: 4, DPRank: 1}
+		for _, e := range []kvevent.RouterEvent{radixtest.Stored(r0, -1, 10, 1), radixtest.Stored(r1, -1, 10, 1), radixtest.Cleared(r0)} {
+			check(t, idx.ApplyEvent(e))
+		}
+		flush(t, idx)
+		if got := match(t, idx, []uint64{1}); !maps.Equal(got.Scores, map[kvevent.Worker]uint32{r1: 1}) {
+			t.Fatalf("after rank 0 cleared: %v, want rank 1 alone", got.Scores)
+		}
+	})
 }

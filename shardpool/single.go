@@ -9,6 +9,9 @@ import (
 // goroutine owns a radix.Tree, and events, queries, removals and flushes all
 // reach it through one channel, so a query sees every event queued before
 // it by the same caller. It is the baseline the Pool is measured against.
+// Its semantics are package radix's, like every indexer's: unlike
+// KvIndexer, a Cleared event clears the rank that sent it, not every rank
+// of the worker (see radix, Semantics).
 //
 // All methods are safe for concurrent use.
 type Single struct {

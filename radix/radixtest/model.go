@@ -15,15 +15,37 @@ import (
 )
 
 // Model is the deliberately naive statement of radix.Index semantics: per
-// worker, the set of prefix paths it holds (a path is the string of its local
-// hashes) and the engine hash naming each. It has no tree at all.
+// worker, the engine hashes it used and the prefix path each names (a path
+// is the string of its local hashes); the worker holds every path some hash
+// names. It has no tree at all.
 type Model struct {
 	workers map[kvevent.Worker]*modelWorker
 }
 
 type modelWorker struct {
 	byHash map[uint64]string // engine hash -> path
-	byPath map[string]uint64 // path -> engine hash
+}
+
+// byPath returns every path w holds with its engine hashes, sorted.
+func (mw *modelWorker) byPath() map[string][]uint64 {
+	out := map[string][]uint64{}
+	for h, p := range mw.byHash {
+		out[p] = append(out[p], h)
+	}
+	for _, hs := range out {
+		slices.Sort(hs)
+	}
+	return out
+}
+
+// holds reports whether some engine hash names path.
+func (mw *modelWorker) holds(path string) bool {
+	for _, p := range mw.byHash {
+		if p == path {
+			return true
+		}
+	}
+	return false
 }
 
 // NewModel returns an empty model.
@@ -47,10 +69,17 @@ func (m *Model) Apply(ev kvevent.RouterEvent) error {
 	w := ev.Worker()
 	mw := m.workers[w]
 	if mw == nil {
-		mw = &modelWorker{byHash: map[uint64]string{}, byPath: map[string]uint64{}}
+		mw = &modelWorker{byHash: map[uint64]string{}}
 	}
 	switch d := ev.Event.Data.(type) {
 	case kvevent.Stored:
+		parentHash, hasParent := d.ParentHash, d.HasParent
+		for _, b := range d.Blocks {
+			if hasParent && b.BlockHash == parentHash {
+				return fmt.Errorf("%w: model", radix.ErrInvalidSequence)
+			}
+			parentHash, hasParent = b.BlockHash, true
+		}
 		path := ""
 		if d.HasParent {
 			p, ok := mw.byHash[d.ParentHash]
@@ -62,29 +91,16 @@ func (m *Model) Apply(ev kvevent.RouterEvent) error {
 		m.workers[w] = mw
 		for _, b := range d.Blocks {
 			path = extend(path, b.TokensHash)
-			old, had := mw.byHash[b.BlockHash]
-			if had && old == path {
-				continue
-			}
-			if had {
-				delete(mw.byHash, b.BlockHash)
-				delete(mw.byPath, old)
-			}
-			if _, held := mw.byPath[path]; !held {
-				mw.byPath[path] = b.BlockHash
-				mw.byHash[b.BlockHash] = path
-			}
+			mw.byHash[b.BlockHash] = path // a new alias, or renamed
 		}
 	case kvevent.Removed:
 		missing := 0
 		for _, h := range d.BlockHashes {
-			p, ok := mw.byHash[h]
-			if !ok {
+			if _, ok := mw.byHash[h]; !ok {
 				missing++
 				continue
 			}
 			delete(mw.byHash, h)
-			delete(mw.byPath, p)
 		}
 		if missing > 0 {
 			return fmt.Errorf("%w: %d (model)", radix.ErrBlockNotFound, missing)
@@ -114,7 +130,7 @@ func (m *Model) Scores(local []uint64) map[kvevent.Worker]uint32 {
 		path, n := "", uint32(0)
 		for _, h := range local {
 			path = extend(path, h)
-			if _, ok := mw.byPath[path]; !ok {
+			if !mw.holds(path) {
 				break
 			}
 			n++
@@ -130,7 +146,7 @@ func (m *Model) Scores(local []uint64) map[kvevent.Worker]uint32 {
 func (m *Model) Size() int {
 	n := 0
 	for _, mw := range m.workers {
-		n += len(mw.byPath)
+		n += len(mw.byPath())
 	}
 	return n
 }
@@ -138,7 +154,7 @@ func (m *Model) Size() int {
 // TreeSize returns how many blocks w holds.
 func (m *Model) TreeSize(w kvevent.Worker) int {
 	if mw := m.workers[w]; mw != nil {
-		return len(mw.byPath)
+		return len(mw.byPath())
 	}
 	return 0
 }
@@ -151,10 +167,10 @@ func (m *Model) Hashes(w kvevent.Worker) []uint64 {
 	return nil
 }
 
-// Paths returns every path w holds with its engine hash.
-func (m *Model) Paths(w kvevent.Worker) map[string]uint64 {
+// Paths returns every path w holds with its engine hashes (sorted).
+func (m *Model) Paths(w kvevent.Worker) map[string][]uint64 {
 	if mw := m.workers[w]; mw != nil {
-		return maps.Clone(mw.byPath)
+		return mw.byPath()
 	}
 	return nil
 }
@@ -163,7 +179,7 @@ func (m *Model) Paths(w kvevent.Worker) map[string]uint64 {
 func (m *Model) Workers() []kvevent.Worker {
 	var ws []kvevent.Worker
 	for w, mw := range m.workers {
-		if len(mw.byPath) > 0 {
+		if len(mw.byHash) > 0 {
 			ws = append(ws, w)
 		}
 	}
@@ -185,7 +201,7 @@ func (m *Model) Diff(o *Model) string {
 	}
 	for w := range ws {
 		a, b := m.Paths(w), o.Paths(w)
-		if !maps.Equal(a, b) {
+		if !maps.EqualFunc(a, b, slices.Equal) {
 			return fmt.Sprintf("worker %v holds %d paths in one and %d in the other (or different hashes)", w, len(a), len(b))
 		}
 	}
