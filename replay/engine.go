@@ -221,8 +221,9 @@ func (e *engine) release(r *request) {
 
 // step composes the next batch: running decodes take a token each, running
 // prefills a chunk, then waiting requests are admitted in FIFO order while
-// tokens, sequences and blocks last. It returns the step's duration in ms,
-// or false when there is nothing to run.
+// tokens, sequences and blocks last. It returns the step's duration in ms
+// (the prefill model for the step's prefill tokens, plus the decode model
+// if any request makes a token), or false when there is nothing to run.
 func (e *engine) step() (float64, bool) {
 	budget := e.cfg.MaxBatchedTokens
 	prefill := 0
@@ -253,14 +254,22 @@ func (e *engine) step() (float64, bool) {
 	if len(e.running) == 0 {
 		return 0, false
 	}
+	// As the reference mocker's pass: the prefill chunks run first, then
+	// one decode iteration for every request that has all its tokens
+	// computed by then (decodes, and prefills completing in this step, whose
+	// first token it makes); a step with both costs both.
+	ms, decodes, active := 0.0, false, 0
 	if prefill > 0 {
-		return PrefillMs(prefill), true
+		ms = PrefillMs(prefill)
 	}
-	active := 0
 	for _, r := range e.running {
-		active += r.computed + r.tokens
+		active += r.computed + r.chunk + r.tokens
+		decodes = decodes || r.computed+r.chunk >= r.isl
 	}
-	return DecodeMs(float64(active) / float64(e.cfg.Blocks*e.cfg.BlockSize)), true
+	if decodes {
+		ms += DecodeMs(float64(active) / float64(e.cfg.Blocks*e.cfg.BlockSize))
+	}
+	return ms, true
 }
 
 // observer hears what a step produced.

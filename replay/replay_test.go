@@ -39,32 +39,51 @@ func TestStepModel(t *testing.T) {
 	near(t, "DecodeMs(3) floor", DecodeMs(3), 1)
 }
 
-// One request on one engine, by hand: a 128-token prompt is one prefill
-// step of PrefillMs(128) = 18.4517979659776 ms, producing the first token;
-// two decode steps at p = 129/6400 and 130/6400 take 6.818181559082031 and
-// 6.826457861328125 ms.
+// One request on one engine, by hand (a pool of 6400 tokens): a 128-token
+// prompt is one step, its prefill then the decode iteration that makes its
+// first token: PrefillMs(128) + DecodeMs(128/6400); two decode steps at p =
+// 129/6400 and 130/6400 take 6.818181559082031 and 6.826457861328125 ms.
 func TestOneRequestByHand(t *testing.T) {
 	res := run(t, []trace.Request{{InputLength: 128, OutputLength: 3, HashIDs: []uint64{1}}}, RoundRobin, small())
-	near(t, "ttft", res.TTFT.Mean, 18.4517979659776)
-	near(t, "e2e", res.E2E.Mean, 32.096437386387755)
+	ttft := 18.4517979659776 + DecodeMs(128.0/6400)
+	e2e := ttft + 6.818181559082031 + 6.826457861328125
+	near(t, "ttft", res.TTFT.Mean, ttft)
+	near(t, "e2e", res.E2E.Mean, e2e)
 	near(t, "tpot", res.TPOT.Mean, 6.822319710205078)
 	near(t, "itl p99", res.ITL.P99, 6.826457861328125)
 	near(t, "itl p50", res.ITL.P50, 6.818181559082031)
 	if res.Completed != 1 || res.OutputTokens != 3 || res.ReuseRatio != 0 || res.PromptTokens != 128 {
 		t.Fatalf("%+v", res)
 	}
-	near(t, "throughput", res.ThroughputTPS, 3/(32.096437386387755/1000))
+	near(t, "throughput", res.ThroughputTPS, 3/(e2e/1000))
 }
 
-// Chunked prefill: 1024 prompt tokens at 256 tokens a step take four steps.
+// Chunked prefill: 1024 prompt tokens at 256 tokens a step take four
+// prefill steps, the last with the decode iteration of the first token.
 func TestChunkedPrefill(t *testing.T) {
 	cfg := small()
 	cfg.MaxBatchedTokens = 256
 	res := run(t, []trace.Request{{InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}}}, RoundRobin, cfg)
-	near(t, "ttft", res.TTFT.Mean, 81.6638848956416)
+	near(t, "ttft", res.TTFT.Mean, 4*PrefillMs(256)+DecodeMs(1024.0/6400))
 	if res.TPOT != (Dist{}) || res.ITL != (Dist{}) {
 		t.Fatalf("one output token has no TPOT or ITL: %+v", res)
 	}
+}
+
+// A step that mixes prefill and decode costs both models, as the reference
+// mocker's pass: B's prefill joins A's decode, and A's token waits for it.
+func TestMixedStepCostsBoth(t *testing.T) {
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: 128, OutputLength: 3, HashIDs: []uint64{1}},
+		{Timestamp: 20, InputLength: 256, OutputLength: 1, HashIDs: []uint64{2}},
+	}
+	res := run(t, reqs, RoundRobin, small())
+	// A's first step ends at t1; B arrived meanwhile, so step 2 carries B's
+	// 256-token prefill and A's decode (p counts A's 129 tokens and B's 256).
+	t1 := PrefillMs(128) + DecodeMs(128.0/6400)
+	step2 := PrefillMs(256) + DecodeMs((129.0+256)/6400)
+	near(t, "itl p99 (the mixed step)", res.ITL.P99, step2)
+	near(t, "ttft of B", res.TTFT.P99, t1+step2-20)
 }
 
 // Prefix reuse: B shares A's first trace block (512 tokens = 8 blocks of
@@ -80,7 +99,7 @@ func TestPrefixReuse(t *testing.T) {
 		t.Fatalf("%+v", res)
 	}
 	// B prefills only its 512 uncached tokens.
-	near(t, "ttft mean", res.TTFT.Mean, (PrefillMs(1024)+PrefillMs(512))/2)
+	near(t, "ttft mean", res.TTFT.Mean, (PrefillMs(1024)+PrefillMs(512))/2+DecodeMs(1024.0/6400))
 }
 
 // A fully cached prompt still computes its last token, as vLLM does.
@@ -218,7 +237,7 @@ func TestWorkload(t *testing.T) {
 		t.Fatalf("op 0 %+v", ops[0])
 	}
 	st, ok := ops[1].Event.Data.(kvevent.Stored)
-	if !ok || len(st.Blocks) != 16 || st.HasParent || ops[1].T != PrefillMs(1024) {
+	if !ok || len(st.Blocks) != 16 || st.HasParent || ops[1].T != PrefillMs(1024)+DecodeMs(1024.0/6400) {
 		t.Fatalf("op 1 %+v", ops[1])
 	}
 	if ops[2].Match == nil || ops[2].T != 10_000 {

@@ -1,5 +1,24 @@
 // Package router turns overlap scores into routing decisions and follows
 // each request to completion, so that the next decision sees the real load.
+//
+// # Rules, against the reference router
+//
+// The cost, tie-breaks, softmax sampling and queueing follow Dynamo's
+// kv-router (see Scheduler). Where kvradix answers, this is what it does:
+//
+//   - Data-parallel ranks: with Config.DPSize > 1 every (worker, rank) pair
+//     is a candidate of its own (overlap, active blocks, prefill load,
+//     tie-breaks, sampling); SelectWorkerRank returns the pair, SelectWorker
+//     refuses to drop the rank. As the reference.
+//   - Whole blocks: a request's new blocks and a worker's active blocks
+//     count complete blocks only; a trailing partial block costs nothing.
+//     As the reference's tracked sequences (tokens / block size).
+//   - Duplicate ids: an id already active or waiting in the queue is
+//     refused at once (ErrDuplicateRequest), before it can queue.
+//   - Overlap weight: 8 by default, not the reference's 1; measured, and
+//     the reason, on Config.
+//   - What the index answers (engine-hash aliases, Cleared per rank,
+//     self-parent chains) is package radix's, stated in its Semantics.
 package router
 
 import (
