@@ -45,7 +45,7 @@ func (m Mode) String() string {
 // token. Measured by `loadgen replay -sweep overlap_weight=...`
 // (results/replay-sweep.txt): on the embedded Mooncake trace weight 8 lifts
 // the KV router from 0.84 to 0.93 of a pooled cache's reuse and lowers mean
-// TTFT (188 → 181 ms); on three synthetic workloads of other shapes it lifts
+// TTFT (195 → 189 ms); on two synthetic workloads of other shapes it lifts
 // reuse and lowers TTFT too. Higher weights gain little more and spread
 // the load unevenly.
 type Config struct {
