@@ -102,7 +102,7 @@ type Setting struct {
 func ParseSetting(s string) (Setting, error) {
 	name, list, ok := strings.Cut(s, "=")
 	if !ok || list == "" {
-		return Setting{}, fmt.Errorf("sweep %q: want name=v1,v2,...", s)
+		return Setting{}, fmt.Errorf("sweep %q: want name=v1,v2 (a comma list of values)", s)
 	}
 	if _, err := (Config{}).with(name, 0); err != nil {
 		return Setting{}, err

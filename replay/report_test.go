@@ -96,8 +96,8 @@ func TestParseSetting(t *testing.T) {
 		t.Fatalf("%+v %v", got, err)
 	}
 	for in, want := range map[string]string{
-		"overlap_weight":      "name=v1",
-		"overlap_weight=":     "name=v1",
+		"overlap_weight":      "name=v1,v2",
+		"overlap_weight=":     "name=v1,v2",
 		"weight=1":            "unknown setting",
 		"temperature=-1":      "finite number",
 		"queue_threshold=NaN": "finite number",
