@@ -468,15 +468,9 @@ func (t *CompressedTree) join(loc uint64, xw *xworker) bool {
 // unname drops one engine hash of xw naming loc (the table entry is the
 // caller's to delete); xw leaves loc with its last alias.
 func (t *CompressedTree) unname(loc uint64, xw *xworker) {
-	if n := xw.aliases[loc]; n > 0 {
-		if n == 1 {
-			delete(xw.aliases, loc)
-		} else {
-			xw.aliases[loc] = n - 1
-		}
-		return
+	if !dropAlias(xw.aliases, loc) {
+		t.leave(loc, xw)
 	}
-	t.leave(loc, xw)
 }
 
 // leave makes xw stop holding loc, which it holds; the engine hash naming

@@ -172,7 +172,7 @@ type cworker struct {
 	slot    uint32
 	size    atomic.Int64      // nodes held
 	lookup  map[uint64]uint64 // engine hash -> node key
-	aliases map[uint64]int32  // node key -> engine hashes naming it beyond the first (nil: none)
+	aliases map[uint64]uint32 // node key -> engine hashes naming it beyond the first (nil: none)
 	op      nodeOp
 	// The op's methods as values, bound once: a closure per Compute call
 	// would allocate its captured results on every block.
@@ -407,7 +407,7 @@ func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
 			t.size.Add(1)
 		} else {
 			if cw.aliases == nil {
-				cw.aliases = map[uint64]int32{}
+				cw.aliases = map[uint64]uint32{}
 			}
 			cw.aliases[key]++
 		}
@@ -422,15 +422,9 @@ func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
 // unname drops one engine hash of cw naming the node key (the lookup entry
 // is the caller's to delete); cw leaves the node with its last alias.
 func (t *ConcurrentTree) unname(key uint64, cw *cworker) {
-	if n := cw.aliases[key]; n > 0 {
-		if n == 1 {
-			delete(cw.aliases, key)
-		} else {
-			cw.aliases[key] = n - 1
-		}
-		return
+	if !dropAlias(cw.aliases, key) {
+		t.leave(key, cw)
 	}
-	t.leave(key, cw)
 }
 
 // join adds cw to the node key, creating it (as a child of parent) if

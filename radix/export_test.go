@@ -124,7 +124,7 @@ func ConcurrentInvariants(t *ConcurrentTree) (nodes int, err error) {
 	})
 	pairs := 0
 	t.workers.Range(func(w kvevent.Worker, cw *cworker) bool {
-		names := map[uint64]int32{}
+		names := map[uint64]uint32{}
 		for _, k := range cw.lookup {
 			n, ok := t.nodes.Load(k)
 			var buf [1]uint32
@@ -151,7 +151,7 @@ func ConcurrentInvariants(t *ConcurrentTree) (nodes int, err error) {
 
 // checkAliases checks that a worker's alias counts are the hashes naming
 // each node beyond the first, with no entry for a node named once.
-func checkAliases[K comparable, N int32 | uint32](w kvevent.Worker, names map[K]N, aliases map[K]N) error {
+func checkAliases(w kvevent.Worker, names, aliases map[uint64]uint32) error {
 	for k, n := range names {
 		if aliases[k] != n-1 {
 			return fmt.Errorf("worker %v: node %v named by %d hashes, %d aliases counted", w, k, n, aliases[k])

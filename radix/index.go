@@ -64,6 +64,20 @@ var (
 	ErrInvalidSequence = errors.New("invalid block sequence")
 )
 
+// dropAlias consumes one of the aliases counted for node k beyond its
+// first name, reporting false if k has none (the name going was its last).
+func dropAlias[K comparable](aliases map[K]uint32, k K) bool {
+	switch n := aliases[k]; n {
+	case 0:
+		return false
+	case 1:
+		delete(aliases, k)
+	default:
+		aliases[k] = n - 1
+	}
+	return true
+}
+
 // checkChain returns ErrInvalidSequence, naming the block, if a block of d
 // names itself as its parent.
 func checkChain(w kvevent.Worker, d kvevent.Stored) error {

@@ -80,25 +80,23 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	if len(c.sweep) > 0 {
 		rep, err := replay.Sweep(reqs, c.sweep, c.sim)
-		if err != nil {
-			return err
-		}
 		rep.Trace = traceName
-		if c.json {
-			return writeJSON(stdout, rep)
-		}
-		printSweep(stdout, rep)
-		return nil
+		return c.report(stdout, rep, err, func() { printSweep(stdout, rep) })
 	}
 	rep, err := replay.Compare(reqs, names, c.sim)
-	if err != nil {
-		return err
-	}
 	rep.Trace = traceName
-	if c.json {
-		return writeJSON(stdout, rep)
+	return c.report(stdout, rep, err, func() { printReplay(stdout, rep) })
+}
+
+// report writes rep as JSON or as print's table, unless err.
+func (c *replayConfig) report(w io.Writer, rep any, err error, print func()) error {
+	switch {
+	case err != nil:
+		return err
+	case c.json:
+		return writeJSON(w, rep)
 	}
-	printReplay(stdout, rep)
+	print()
 	return nil
 }
 
