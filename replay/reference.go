@@ -42,7 +42,7 @@ func References(reqs []trace.Request, cfg Config) (pooled, unbounded float64, er
 		if blocksFor(tr.InputLength, tr.OutputLength, cfg.BlockSize) > cfg.Blocks {
 			continue
 		}
-		tokens = trace.Tokens(tokens[:0], tr)
+		tokens = trace.TokensOf(tokens[:0], tr, cfg.TraceBlockSize)
 		local = hashing.LocalHashes(local[:0], tokens, cfg.BlockSize, hashing.Options{})
 		seq = hashing.SequenceHashes(seq[:0], local)
 		limit := (tr.InputLength - 1) / cfg.BlockSize

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/kvradix/kvradix/hashing"
+	"github.com/kvradix/kvradix/internal/stats"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/router"
 	"github.com/kvradix/kvradix/trace"
@@ -36,6 +37,7 @@ type Config struct {
 	DPSize           int     // data-parallel ranks per worker, one engine each (1)
 	Blocks           int     // KV blocks per engine (16384)
 	BlockSize        int     // tokens per block (64)
+	TraceBlockSize   int     // tokens per trace hash id (trace.TraceBlockSize); see trace.Stretch
 	MaxBatchedTokens int     // per step (8192)
 	MaxNumSeqs       int     // per engine (256)
 	Speedup          float64 // arrival times are divided by it (1)
@@ -48,7 +50,7 @@ type Config struct {
 
 // DefaultConfig returns the defaults named on each field.
 func DefaultConfig() Config {
-	return Config{Workers: 16, DPSize: 1, Blocks: 16384, BlockSize: 64, MaxBatchedTokens: 8192, MaxNumSeqs: 256, Speedup: 1, Temperature: 0.1, OverlapWeight: router.DefaultOverlapWeight, IndexerLanes: 2}
+	return Config{Workers: 16, DPSize: 1, Blocks: 16384, BlockSize: 64, TraceBlockSize: trace.TraceBlockSize, MaxBatchedTokens: 8192, MaxNumSeqs: 256, Speedup: 1, Temperature: 0.1, OverlapWeight: router.DefaultOverlapWeight, IndexerLanes: 2}
 }
 
 // Validate reports the first invalid field.
@@ -62,6 +64,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("replay: blocks %d, want >= 1", c.Blocks)
 	case c.BlockSize < 1:
 		return fmt.Errorf("replay: block size %d, want >= 1", c.BlockSize)
+	case c.TraceBlockSize < 1:
+		return fmt.Errorf("replay: trace block size %d, want >= 1", c.TraceBlockSize)
 	case c.MaxBatchedTokens < 1:
 		return fmt.Errorf("replay: max batched tokens %d, want >= 1", c.MaxBatchedTokens)
 	case c.MaxNumSeqs < 1:
@@ -120,13 +124,7 @@ func Summarise(xs []float64) Dist {
 	for _, x := range xs {
 		sum += x
 	}
-	return Dist{Mean: sum / float64(len(xs)), P50: nearestRank(xs, 0.50), P90: nearestRank(xs, 0.90), P99: nearestRank(xs, 0.99)}
-}
-
-// nearestRank is the nearest-rank p-quantile of sorted xs (not empty).
-func nearestRank(xs []float64, p float64) float64 {
-	i := int(p*float64(len(xs))+0.999999999) - 1
-	return xs[min(max(i, 0), len(xs)-1)]
+	return Dist{Mean: sum / float64(len(xs)), P50: stats.Percentile(xs, 0.50), P90: stats.Percentile(xs, 0.90), P99: stats.Percentile(xs, 0.99)}
 }
 
 // Percentiles returns the nearest-rank percentiles 0, 1, ..., 100 of xs
@@ -138,7 +136,7 @@ func Percentiles(xs []float64) []float64 {
 	slices.Sort(xs)
 	out := make([]float64, 101)
 	for p := range out {
-		out[p] = nearestRank(xs, float64(p)/100)
+		out[p] = stats.Percentile(xs, float64(p)/100)
 	}
 	return out
 }
@@ -380,7 +378,7 @@ func simulate(reqs []trace.Request, cfg Config, pol policy, res *Result) (*sim, 
 func (s *sim) arrive(i int, tr trace.Request, tokens []uint32, res *Result) []uint32 {
 	var id uuid.UUID
 	binary.BigEndian.PutUint64(id[8:], uint64(i)+1)
-	tokens = trace.Tokens(tokens, tr)
+	tokens = trace.TokensOf(tokens, tr, s.cfg.TraceBlockSize)
 	local := hashing.LocalHashes(nil, tokens, s.cfg.BlockSize, hashing.Options{})
 	r := &request{id: id, arrival: s.now, isl: tr.InputLength, osl: tr.OutputLength, local: local, seq: hashing.SequenceHashes(nil, local)}
 	s.reqs[i] = r

@@ -52,6 +52,11 @@ type Indexer interface {
 	Stats() Stats
 	// Lanes returns the goroutines applying events: 1 for Single.
 	Lanes() int
+	// Observe makes f hear every event once applied (or rejected), on the
+	// goroutine that applied it: for measuring, say, accepted-to-applied
+	// latency. Call it before the first event; f must be quick and safe
+	// for concurrent use.
+	Observe(f func(ev kvevent.RouterEvent, err error))
 }
 
 // Stats are an indexer's counters since it started.
@@ -93,6 +98,15 @@ type counters struct {
 	batches, batchedEvents, removedWorkers, queued                                           atomic.Uint64
 	maxBatch, maxDepth, pairs                                                                atomic.Int64
 	lastRejection                                                                            atomic.Pointer[string]
+	observe                                                                                  func(kvevent.RouterEvent, error) // see Indexer.Observe
+}
+
+// done counts the outcome of applying ev and tells the observer.
+func (c *counters) done(ev kvevent.RouterEvent, err error) {
+	c.record(err)
+	if c.observe != nil {
+		c.observe(ev, err)
+	}
 }
 
 // record counts the outcome of applying one event.

@@ -101,7 +101,7 @@ func (p *Pool) run(ch chan msg) {
 			m := &batch[i]
 			switch m.kind {
 			case msgEvent:
-				p.c.record(p.tree.Apply(m.ev))
+				p.c.done(m.ev, p.tree.Apply(m.ev))
 				applied++
 			case msgRemove:
 				p.tree.RemoveWorker(m.id)
@@ -201,3 +201,6 @@ func (p *Pool) Stats() Stats {
 	}
 	return st
 }
+
+// Observe implements Indexer.
+func (p *Pool) Observe(f func(ev kvevent.RouterEvent, err error)) { p.c.observe = f }

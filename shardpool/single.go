@@ -60,7 +60,7 @@ func (s *Single) run(tree *radix.Tree) {
 	for m := range s.ch {
 		switch m.kind {
 		case msgEvent:
-			s.c.record(tree.Apply(m.ev))
+			s.c.done(m.ev, tree.Apply(m.ev))
 			s.c.pairs.Store(int64(tree.Size()))
 			applied++
 		case msgMatch:
@@ -152,3 +152,6 @@ func (s *Single) Stats() Stats { return s.c.stats(len(s.ch)) }
 
 // Lanes implements Indexer: one goroutine owns the tree.
 func (s *Single) Lanes() int { return 1 }
+
+// Observe implements Indexer.
+func (s *Single) Observe(f func(ev kvevent.RouterEvent, err error)) { s.c.observe = f }

@@ -151,9 +151,13 @@ const Vocab = 1 << 17
 // share equal tokens (and hash to equal blocks at any block size), and
 // different ids give different tokens. The last block is cut to the
 // prompt's length.
-func Tokens(dst []uint32, req Request) []uint32 {
+func Tokens(dst []uint32, req Request) []uint32 { return TokensOf(dst, req, TraceBlockSize) }
+
+// TokensOf is Tokens with tbs tokens per hash id (req as Stretch returns
+// it for tbs).
+func TokensOf(dst []uint32, req Request, tbs int) []uint32 {
 	for i, h := range req.HashIDs {
-		n := min(TraceBlockSize, req.InputLength-i*TraceBlockSize)
+		n := min(tbs, req.InputLength-i*tbs)
 		x := h*0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019
 		for range n {
 			// splitmix64
@@ -166,4 +170,27 @@ func Tokens(dst []uint32, req Request) []uint32 {
 		}
 	}
 	return dst
+}
+
+// Stretch returns req made k times longer, for tbs tokens per hash id
+// (TokensOf): each hash id h becomes the k ids h·k, ..., h·k+k-1 (so
+// requests sharing a prefix of ids still share a prefix, k times longer),
+// and the prompt is InputLength·k·tbs/512 tokens, its ids cut to those it
+// uses. k = 1 and tbs = 512 return req unchanged.
+func Stretch(req Request, k, tbs int) Request {
+	if k == 1 && tbs == TraceBlockSize {
+		return req
+	}
+	out := req
+	out.InputLength = ceilDiv(req.InputLength*k*tbs, TraceBlockSize)
+	n := ceilDiv(out.InputLength, tbs)
+	out.HashIDs = make([]uint64, 0, n)
+	for _, h := range req.HashIDs {
+		for j := range k {
+			if len(out.HashIDs) < n {
+				out.HashIDs = append(out.HashIDs, h*uint64(k)+uint64(j))
+			}
+		}
+	}
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -180,5 +181,36 @@ func TestSynthRejectsRatesThatGiveNoTime(t *testing.T) {
 	c.Requests = 0
 	if _, err := Synthesize(c); err == nil {
 		t.Error("zero requests accepted")
+	}
+}
+
+// Stretch makes every id k ids (shared prefixes stay shared) and the prompt
+// k times longer at tbs tokens an id, its ids cut to those it uses.
+func TestStretch(t *testing.T) {
+	a := Request{InputLength: 600, OutputLength: 3, HashIDs: []uint64{0, 1}}
+	b := Request{InputLength: 1024, OutputLength: 3, HashIDs: []uint64{0, 2}}
+	if got := Stretch(a, 1, TraceBlockSize); !reflect.DeepEqual(got, a) {
+		t.Fatalf("identity: %+v", got)
+	}
+	for _, tc := range []struct {
+		k, tbs int
+		want   Request
+	}{
+		{2, 512, Request{InputLength: 1200, OutputLength: 3, HashIDs: []uint64{0, 1, 2}}},
+		{4, 128, Request{InputLength: 600, OutputLength: 3, HashIDs: []uint64{0, 1, 2, 3, 4}}},
+	} {
+		got := Stretch(a, tc.k, tc.tbs)
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Fatalf("k %d tbs %d: %+v, want %+v", tc.k, tc.tbs, got, tc.want)
+		}
+		if n := len(TokensOf(nil, got, tc.tbs)); n != got.InputLength {
+			t.Fatalf("k %d tbs %d: %d tokens for %d", tc.k, tc.tbs, n, got.InputLength)
+		}
+		// The shared first id stays a shared prefix of k·tbs tokens.
+		ta, tb := TokensOf(nil, got, tc.tbs), TokensOf(nil, Stretch(b, tc.k, tc.tbs), tc.tbs)
+		share := tc.k * tc.tbs
+		if !slices.Equal(ta[:share], tb[:share]) || slices.Equal(ta[share:share+tc.tbs/2], tb[share:share+tc.tbs/2]) {
+			t.Fatalf("k %d tbs %d: prefix sharing broken", tc.k, tc.tbs)
+		}
 	}
 }

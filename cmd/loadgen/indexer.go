@@ -9,12 +9,12 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvradix/kvradix/internal/stats"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/replay"
 	"github.com/kvradix/kvradix/shardpool"
@@ -44,19 +44,11 @@ type Latencies struct {
 }
 
 // latencies merges per-goroutine samples into percentiles, in µs.
-func latencies(lat [][]time.Duration) Latencies {
-	var all []time.Duration
-	for _, l := range lat {
-		all = append(all, l...)
-	}
-	if len(all) == 0 {
-		return Latencies{}
-	}
-	slices.Sort(all)
-	pct := func(p float64) float64 {
-		return float64(all[min(len(all)-1, int(p*float64(len(all))))].Nanoseconds()) / 1e3
-	}
-	return Latencies{P50: pct(0.5), P99: pct(0.99), P999: pct(0.999)}
+func latencies(lat ...[]time.Duration) Latencies { return summary(stats.Micros(lat...)) }
+
+// summary is sorted samples' percentiles.
+func summary(sorted []float64) Latencies {
+	return Latencies{P50: stats.Percentile(sorted, 0.5), P99: stats.Percentile(sorted, 0.99), P999: stats.Percentile(sorted, 0.999)}
 }
 
 type indexerResult struct {
@@ -426,7 +418,7 @@ wait:
 		OfferedOpsS:      float64(len(t.ops)) / window.Seconds(),
 		AchievedOpsS:     float64(done.Load()) / max(elapsed, window).Seconds(),
 		AchievedBlockOpS: float64(t.blocks) * float64(done.Load()) / float64(max(len(t.ops), 1)) / max(elapsed, window).Seconds(),
-		FindMatchesUs:    latencies(lat),
+		FindMatchesUs:    latencies(lat...),
 		EventsQueuedFrac: queuedFrac,
 		Pairs:            st.Pairs,
 		Rejected:         st.Rejected(),

@@ -247,7 +247,7 @@ progress:
 	elapsed := time.Since(start)
 	res.ElapsedS = elapsed.Seconds()
 	res.AchievedRPS = float64(done.Load()) / max(elapsed, window).Seconds()
-	res.DecisionUs = latencies(lat)
+	res.DecisionUs = latencies(lat...)
 	st := r.Stats().Index
 	res.Events, res.Rejected = st.Applied+st.Rejected(), st.Rejected()
 	counts := make([]int, len(perWorker))
