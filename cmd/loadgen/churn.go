@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -38,7 +37,8 @@ type churnResult struct {
 // (RemoveWorker) at each tenth of the ops and rejoin with their next
 // events; at the end of a pass every worker leaves. The live heap after
 // each pass must stay flat: what departed workers held comes back.
-func churnSoak(t *timeline, im shardpool.Impl, blockSize, workers int, window time.Duration, stopped *atomic.Bool, progress io.Writer) churnResult {
+func churnSoak(c *corpus, im shardpool.Impl, window time.Duration, stopped *interrupt, progress io.Writer) churnResult {
+	blockSize, workers := c.cfg.BlockSize, c.workers
 	idx := im.New(blockSize)
 	defer idx.Close()
 	res := churnResult{Impl: im.Name, Lanes: im.Lanes}
@@ -53,19 +53,19 @@ func churnSoak(t *timeline, im shardpool.Impl, blockSize, workers int, window ti
 		}
 		p := churnPass{Pass: pass}
 		before := idx.Stats().Rejected()
-		tenth := max(1, len(t.ops)/10)
-		for i := range t.ops {
-			op := &t.ops[i]
+		tenth := max(1, len(c.ops)/10)
+		for i := range c.ops {
+			op := &c.ops[i]
 			if i%tenth == tenth-1 {
 				for range workers / 10 {
 					_ = idx.RemoveWorker(kvevent.WorkerID(rng.IntN(workers)))
 					p.Left++
 				}
 			}
-			if op.Match != nil {
-				_, _ = idx.FindMatches(op.Match)
+			if op.isQuery() {
+				_, _ = idx.FindMatches(op.query)
 			} else {
-				_ = idx.ApplyEvent(kvevent.RouterEvent{WorkerID: op.Worker, Event: op.Event})
+				_ = idx.ApplyEvent(kvevent.RouterEvent{WorkerID: op.worker, Event: op.ev})
 			}
 			p.Ops++
 			if stopped.Load() {

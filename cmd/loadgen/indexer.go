@@ -3,14 +3,12 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math/bits"
 	"os"
 	"runtime"
-	"runtime/pprof"
-	"sync"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/replay"
 	"github.com/kvradix/kvradix/shardpool"
+	"github.com/kvradix/kvradix/trace"
 )
 
 // maxDuration bounds -duration.
@@ -54,20 +53,31 @@ func summary(sorted []float64) Latencies {
 type indexerResult struct {
 	Impl             string    `json:"impl"`
 	Lanes            int       `json:"lanes"`
-	DurationS        float64   `json:"duration_s"`
-	ElapsedS         float64   `json:"elapsed_s"`
+	DurationS        float64   `json:"duration_s"` // the window
+	ElapsedS         float64   `json:"elapsed_s"`  // first deadline to the last completion, drain included
 	Ops              int       `json:"ops"`
 	Events           int       `json:"events"`
 	Matches          int       `json:"matches"`
+	LogicalOps       int       `json:"logical_ops"` // requests + Stored + Removed + Cleared
+	BlockOps         int64     `json:"block_ops"`   // request hashes + Stored and Removed hashes
 	OfferedOpsS      float64   `json:"offered_ops_s"`
 	AchievedOpsS     float64   `json:"achieved_ops_s"`
-	AchievedBlockOpS float64   `json:"achieved_block_ops_s"`
-	FindMatchesUs    Latencies `json:"find_matches_us"`
-	EventsQueuedFrac float64   `json:"events_queued_frac"`
+	OfferedBlockOpsS float64   `json:"offered_block_ops_s"`
+	AchievedBlockOpS float64   `json:"achieved_block_ops_s"` // drain-inclusive
+	GeneratorValid   bool      `json:"generator_valid"`      // all issued within 1.01 x window, in order, every op succeeded
+	KeptUp           bool      `json:"kept_up"`              // replay + drain within 1.10 x window
+	FindMatchesUs    Latencies `json:"find_matches_us"`      // = query_service_us
+	QueryServiceUs   Latencies `json:"query_service_us"`
+	QueryWaitUs      Latencies `json:"query_wait_us"`
+	UpdateLatencyUs  Latencies `json:"update_latency_us"` // event accepted to applied
+	IssueLagUs       Latencies `json:"issue_lag_us"`
+	DrainMs          float64   `json:"drain_ms"`            // issuers done to the last completion
+	QueueDepthAtStop int       `json:"queue_depth_at_stop"` // events and queries queued when the issuers stopped
+	EventsQueuedFrac float64   `json:"events_queued_frac"`  // of all events, those still queued then
 	BytesPerPair     float64   `json:"bytes_per_pair"`
 	Pairs            int       `json:"pairs"`
 	Rejected         uint64    `json:"rejected_events"`
-	Saturated        bool      `json:"saturated"`
+	Saturated        bool      `json:"saturated"` // = !kept_up
 	Interrupted      bool      `json:"interrupted,omitempty"`
 	ThresholdOpsS    float64   `json:"threshold_ops_s,omitempty"`
 	ThresholdP99Us   float64   `json:"threshold_p99_us,omitempty"`
@@ -75,151 +85,188 @@ type indexerResult struct {
 }
 
 type sweepPt struct {
+	WindowMs          float64 `json:"window_ms"`
 	OfferedOpsS       float64 `json:"offered_ops_s"`
 	AchievedOpsS      float64 `json:"achieved_ops_s"`
 	OfferedBlockOpsS  float64 `json:"offered_block_ops_s"`
 	AchievedBlockOpsS float64 `json:"achieved_block_ops_s"`
 	P99Us             float64 `json:"p99_us"`
-	QueuedFrac        float64 `json:"events_queued_frac"`
 	Saturated         bool    `json:"saturated"`
 }
 
 type indexerReport struct {
-	Trace     string          `json:"trace"`
-	Workers   int             `json:"workers"`
-	Dup       int             `json:"dup"`
-	BlockSize int             `json:"block_size"`
-	Results   []indexerResult `json:"results"`
+	Command  string          `json:"command"`
+	Corpus   corpusConfig    `json:"corpus"`
+	Protocol protocol        `json:"protocol"`
+	Requests int             `json:"requests"`
+	Events   int             `json:"events"`
+	BlockOps int64           `json:"block_ops"`
+	Results  []indexerResult `json:"results"`
+	// Kept from before the protocol, for readers of older files.
+	Trace     string `json:"trace"`
+	Workers   int    `json:"workers"`
+	Dup       int    `json:"dup"`
+	BlockSize int    `json:"block_size"`
+}
+
+// indexerConfig is what `loadgen indexer` was asked to do.
+type indexerConfig struct {
+	work       workloadFlags
+	corpus     corpusConfig
+	proto      protocol
+	out        output
+	window     time.Duration
+	compare    string
+	lanes      string
+	sweep      bool
+	sweepSteps int
+	repeat     int
+	churn      bool
+	quiet      bool
+	cpuprofile string
+	memprofile string
+}
+
+func (c *indexerConfig) register(fs *flag.FlagSet) {
+	c.work.register(fs)
+	c.corpus = corpusConfig{Workers: 128, BlockSize: 128, TraceBlockSize: trace.TraceBlockSize, Blocks: 16384, Dup: 1, LengthFactor: 1}
+	fs.IntVar(&c.corpus.Workers, "workers", c.corpus.Workers, "simulated engines the trace is spread over (Dynamo: 128)")
+	fs.IntVar(&c.corpus.Blocks, "blocks", c.corpus.Blocks, "KV blocks per engine")
+	fs.IntVar(&c.corpus.BlockSize, "block-size", c.corpus.BlockSize, "tokens per KV block (Dynamo: 128)")
+	fs.IntVar(&c.corpus.TraceBlockSize, "trace-block-size", c.corpus.TraceBlockSize, "tokens per trace hash id (Dynamo: 512)")
+	fs.IntVar(&c.corpus.Dup, "dup", c.corpus.Dup, "copies of the trace in disjoint hash spaces, each on its own workers (Dynamo: 20)")
+	fs.IntVar(&c.corpus.LengthFactor, "length-factor", c.corpus.LengthFactor, "stretch every request's hash ids this many times (Dynamo: 4)")
+	fs.Uint64Var(&c.corpus.Seed, "seed", 0, "seed of the request-to-engine spread")
+	c.proto = protocol{Issuers: 2, QueryLanes: runtime.GOMAXPROCS(0)}
+	fs.IntVar(&c.proto.Issuers, "issuers", c.proto.Issuers, "goroutines issuing operations by deadline")
+	fs.IntVar(&c.proto.QueryLanes, "query-lanes", c.proto.QueryLanes, "goroutines running lookups (Dynamo: 128)")
+	fs.DurationVar(&c.window, "duration", 20*time.Second, "the window every worker's timeline is rescaled to (at most 10m)")
+	fs.StringVar(&c.compare, "compare", "single,pool,compressed", "indexers: single, pool (over ConcurrentTree), compressed (pool over CompressedTree)")
+	fs.StringVar(&c.lanes, "lanes", "2", "pool lanes; a comma list runs one pool per value")
+	fs.BoolVar(&c.sweep, "sweep", false, "find the shortest window that keeps up: halve -duration, then bisect")
+	fs.IntVar(&c.sweepSteps, "sweep-steps", 6, "most sweep steps")
+	fs.IntVar(&c.repeat, "repeat", 1, "run this many fresh processes and report the median and spread")
+	fs.BoolVar(&c.churn, "churn", false, "soak: replay in passes for -duration while workers leave and rejoin; heap each second and after each pass, verdict flat or growing")
+	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
+	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile to `file`")
+	fs.StringVar(&c.memprofile, "memprofile", "", "write a heap profile to `file` at the end")
+	c.out.register(fs)
+}
+
+func (c *indexerConfig) validate() error {
+	switch {
+	case c.window <= 0 || c.window > maxDuration:
+		return fmt.Errorf("-duration %v, want in (0, %v]", c.window, maxDuration)
+	case c.sweepSteps < 1:
+		return fmt.Errorf("-sweep-steps %d, want >= 1", c.sweepSteps)
+	case c.proto.Issuers < 1 || c.proto.Issuers > 1024:
+		return fmt.Errorf("-issuers %d, want in [1, 1024]", c.proto.Issuers)
+	case c.proto.QueryLanes < 1 || c.proto.QueryLanes > 1024:
+		return fmt.Errorf("-query-lanes %d, want in [1, 1024]", c.proto.QueryLanes)
+	case c.repeat < 1 || c.repeat > 100:
+		return fmt.Errorf("-repeat %d, want in [1, 100]", c.repeat)
+	}
+	return errors.Join(c.corpus.validate(), c.out.validate())
 }
 
 func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	fs := newFlags("indexer", stderr)
-	var wf workloadFlags
-	wf.register(fs)
-	cfg := replay.DefaultConfig()
-	cfg.Workers = 1000
-	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "simulated workers the trace is spread over")
-	fs.IntVar(&cfg.Blocks, "blocks", cfg.Blocks, "KV blocks per simulated worker")
-	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "tokens per KV block")
-	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the request-to-worker spread")
-	fs.Float64Var(&cfg.Speedup, "speedup", 1, "divide the trace's arrival times by this before building events")
-	dup := fs.Int("dup", 1, "replay this many copies of the workload, in disjoint hash spaces")
-	duration := fs.Duration("duration", 30*time.Second, "compress the timeline into this window (at most 10m)")
-	compare := fs.String("compare", "single,pool,compressed", "indexes to compare: single, pool (over ConcurrentTree), compressed (pool over CompressedTree)")
-	lanes := fs.String("lanes", "2", "pool lanes; a comma list runs one pool per value")
-	producers := fs.Int("producers", 0, "goroutines replaying the timeline (0: one per simulated worker)")
-	sweep := fs.Bool("sweep", false, "raise the offered rate (halving the window) until each index saturates")
-	sweepSteps := fs.Int("sweep-steps", 6, "most sweep steps")
-	asJSON := fs.Bool("json", false, "print one JSON object")
-	format := fs.String("format", "table", "output: table, or bench (Go benchmark lines for benchstat)")
-	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile to `file`")
-	memprofile := fs.String("memprofile", "", "write a heap profile to `file` at the end")
-	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
-	churn := fs.Bool("churn", false, "soak: replay in passes for -duration while workers leave and rejoin; heap each second and after each pass, verdict flat or growing")
+	var c indexerConfig
+	c.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	switch {
-	case fs.NArg() > 0:
+	if fs.NArg() > 0 {
 		return fmt.Errorf("indexer: unexpected argument %q", fs.Arg(0))
-	case *dup < 1:
-		return fmt.Errorf("-dup %d, want >= 1", *dup)
-	case *duration <= 0 || *duration > maxDuration:
-		return fmt.Errorf("-duration %v, want in (0, %v]", *duration, maxDuration)
-	case *producers < 0:
-		return fmt.Errorf("-producers %d, want >= 0", *producers)
-	case *format != "table" && *format != "bench":
-		return fmt.Errorf("-format %q, want table or bench", *format)
-	case *sweepSteps < 1:
-		return fmt.Errorf("-sweep-steps %d, want >= 1", *sweepSteps)
 	}
-	impls, err := parseImpls(*compare, *lanes)
+	if err := c.validate(); err != nil {
+		return err
+	}
+	impls, err := parseImpls(c.compare, c.lanes)
 	if err != nil {
 		return err
 	}
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	reqs, name, err := wf.load()
-	if err != nil {
-		return err
-	}
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	intr, release := watch(stop)
+	defer release()
+	if c.repeat > 1 {
+		return runRepeated(args, c.repeat, c.out, stdout, stderr, intr)
 	}
 	progress := stderr
-	if *quiet {
+	if c.quiet {
 		progress = io.Discard
 	}
-	fmt.Fprintf(progress, "building the workload: %d requests over %d workers...\n", len(reqs), cfg.Workers)
-	ops, err := replay.Workload(reqs, cfg)
+	cp, err := c.buildCorpus(progress)
 	if err != nil {
 		return err
 	}
-	ops = duplicate(ops, *dup, cfg.Workers)
-	w := newTimeline(ops, *producers, cfg.Workers*(*dup))
-	fmt.Fprintf(progress, "workload: %d ops (%d events, %d matches), %d block ops, over %.0f s of trace time\n",
-		len(ops), w.events, w.matches, w.blocks, w.span/1000)
-
-	rep := indexerReport{Trace: name, Workers: cfg.Workers, Dup: *dup, BlockSize: cfg.BlockSize}
-	stopped, release := watch(stop)
-	defer release()
-	if *churn {
-		return runChurn(stdout, w, impls, cfg.BlockSize, cfg.Workers*(*dup), *duration, *asJSON, stopped, progress)
+	if c.churn {
+		return runChurn(stdout, cp, impls, c.window, c.out.format == "json", intr, progress)
 	}
+	stopProfile, err := startCPUProfile(c.cpuprofile)
+	if err != nil {
+		return err
+	}
+	rep := c.report(args, cp)
 	for _, im := range impls {
-		var res indexerResult
-		if *sweep {
-			res = sweepIndex(w, im, cfg.BlockSize, *duration, *sweepSteps, stopped, progress)
-		} else {
-			res = w.run(im, cfg.BlockSize, *duration, stopped, progress)
-		}
-		rep.Results = append(rep.Results, res)
-		if stopped.Load() {
+		rep.Results = append(rep.Results, c.measure(cp, im, intr, progress))
+		if intr.Load() {
 			break
 		}
 	}
-	if *memprofile != "" {
-		f, err := os.Create(*memprofile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		runtime.GC()
-		if err := pprof.WriteHeapProfile(f); err != nil {
-			return err
-		}
+	stopProfile()
+	if err := writeHeapProfile(c.memprofile); err != nil {
+		return err
 	}
-	switch {
-	case *asJSON:
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
-	case *format == "bench":
-		printIndexerBench(stdout, rep)
-	default:
-		printIndexer(stdout, rep)
+	if err := c.out.write(stdout, rep, func() { printIndexer(stdout, rep) }, func() { printIndexerBench(stdout, rep) }); err != nil {
+		return err
 	}
-	if stopped.Load() {
-		return errors.New("interrupted: the results above are partial")
+	if intr.Load() {
+		return errInterrupted
 	}
 	return nil
 }
 
+// buildCorpus loads the trace and builds the corpus, outside timing.
+func (c *indexerConfig) buildCorpus(progress io.Writer) (*corpus, error) {
+	reqs, name, err := c.work.load()
+	if err != nil {
+		return nil, err
+	}
+	c.corpus.Trace = name
+	fmt.Fprintf(progress, "building the corpus: %d requests over %d engines x %d copies...\n", len(reqs), c.corpus.Workers, c.corpus.Dup)
+	cp, err := buildCorpus(reqs, c.corpus, c.window)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(progress, "corpus: %d requests, %d events (%d stored, %d removed, %d cleared), %d logical ops, %d block ops\n",
+		cp.requests, len(cp.ops)-cp.requests, cp.stored, cp.removed, cp.cleared, cp.logicalOps(), cp.blockOps)
+	return cp, nil
+}
+
+// report starts the report with its provenance.
+func (c *indexerConfig) report(args []string, cp *corpus) indexerReport {
+	return indexerReport{Command: commandLine("indexer", args), Corpus: c.corpus, Protocol: c.proto,
+		Requests: cp.requests, Events: len(cp.ops) - cp.requests, BlockOps: cp.blockOps,
+		Trace: c.corpus.Trace, Workers: c.corpus.Workers, Dup: c.corpus.Dup, BlockSize: c.corpus.BlockSize}
+}
+
+// measure runs one indexer: once, or the sweep.
+func (c *indexerConfig) measure(cp *corpus, im shardpool.Impl, intr *interrupt, progress io.Writer) indexerResult {
+	if c.sweep {
+		return sweep(cp, im, c.proto, c.sweepSteps, intr.C(), progress)
+	}
+	r := cp.run(im, c.corpus.BlockSize, c.proto, intr.C())
+	fmt.Fprintf(progress, "%s: window %v, elapsed %.3fs, %.3gM block-ops/s, kept up %v, generator valid %v\n",
+		im, c.window, r.ElapsedS, r.AchievedBlockOpS/1e6, r.KeptUp, r.GeneratorValid)
+	return r
+}
+
 // runChurn runs the soak for each indexer and prints the passes; a
 // growing heap is an error.
-func runChurn(stdout io.Writer, w *timeline, impls []shardpool.Impl, blockSize, workers int, window time.Duration, asJSON bool, stopped *atomic.Bool, progress io.Writer) error {
+func runChurn(stdout io.Writer, cp *corpus, impls []shardpool.Impl, window time.Duration, asJSON bool, stopped *interrupt, progress io.Writer) error {
 	var results []churnResult
 	for _, im := range impls {
-		results = append(results, churnSoak(w, im, blockSize, workers, window, stopped, progress))
+		results = append(results, churnSoak(cp, im, window, stopped, progress))
 		if stopped.Load() {
 			break
 		}
@@ -234,7 +281,7 @@ func runChurn(stdout io.Writer, w *timeline, impls []shardpool.Impl, blockSize, 
 		printChurn(stdout, results)
 	}
 	if stopped.Load() {
-		return errors.New("interrupted: the results above are partial")
+		return errInterrupted
 	}
 	for _, r := range results {
 		if r.Verdict != "flat" {
@@ -291,209 +338,39 @@ func salted(op replay.Op, k, workers int) replay.Op {
 	return op
 }
 
-// timeline is a workload split among producer goroutines: each simulated
-// worker's events stay on one producer, in order.
-type timeline struct {
-	ops                     []replay.Op
-	parts                   [][]int32 // op indices per producer
-	events, matches, blocks int
-	span                    float64 // ms of trace time
-}
-
-func newTimeline(ops []replay.Op, producers, workers int) *timeline {
-	if producers == 0 {
-		producers = workers
-	}
-	t := &timeline{ops: ops, parts: make([][]int32, producers)}
-	for i := range ops {
-		op := &ops[i]
-		p := int(uint64(op.Worker) % uint64(producers))
-		t.parts[p] = append(t.parts[p], int32(i))
-		if op.Match != nil {
-			t.matches++
-		} else {
-			t.events++
-		}
-		t.blocks += op.Blocks()
-		t.span = max(t.span, op.T)
-	}
-	return t
-}
-
-// run replays the timeline once, compressed into window, against a fresh
-// index.
-func (t *timeline) run(im shardpool.Impl, blockSize int, window time.Duration, stopped *atomic.Bool, progress io.Writer) indexerResult {
-	lat := make([][]time.Duration, len(t.parts))
-	for p, part := range t.parts {
-		lat[p] = make([]time.Duration, 0, len(part)/8+1)
-	}
-	runtime.GC()
-	var before runtime.MemStats
-	runtime.ReadMemStats(&before)
-
-	idx := im.New(blockSize)
-	defer idx.Close()
-	scale := 0.0
-	if t.span > 0 {
-		scale = float64(window) / t.span // ns of wall time per ms of trace time
-	}
-	var done, submitted atomic.Int64
-	start := time.Now()
-	var wg sync.WaitGroup
-	for p, part := range t.parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for _, i := range part {
-				if stopped.Load() {
-					return
-				}
-				op := &t.ops[i]
-				if d := time.Until(start.Add(time.Duration(op.T * scale))); d > time.Millisecond {
-					time.Sleep(d)
-				}
-				if op.Match != nil {
-					t0 := time.Now()
-					if _, err := idx.FindMatches(op.Match); err != nil {
-						return
-					}
-					lat[p] = append(lat[p], time.Since(t0))
-				} else {
-					if idx.ApplyEvent(kvevent.RouterEvent{WorkerID: op.Worker, Event: op.Event}) != nil {
-						return
-					}
-					submitted.Add(1)
-				}
-				done.Add(1)
-			}
-		}()
-	}
-	// Progress once a second; sample the queue when the window ends.
-	finished := make(chan struct{})
-	go func() { wg.Wait(); close(finished) }()
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	windowEnd := time.NewTimer(window)
-	defer windowEnd.Stop()
-	queuedFrac, sampled := 0.0, false
-	sample := func() {
-		st := idx.Stats()
-		processed := st.Applied + st.Rejected()
-		queuedFrac = 1 - float64(processed)/float64(max(t.events, 1))
-		sampled = true
-	}
-	last, lastDone := start, int64(0)
-wait:
-	for {
-		select {
-		case <-finished:
-			break wait
-		case <-windowEnd.C:
-			sample()
-		case now := <-tick.C:
-			d := done.Load()
-			fmt.Fprintf(progress, "%s: %5.1fs %9.0f ops/s, queue depth %d\n", im, now.Sub(start).Seconds(),
-				float64(d-lastDone)/now.Sub(last).Seconds(), idx.Stats().QueueDepth)
-			last, lastDone = now, d
-		}
-	}
-	_, _ = idx.Flush()
-	elapsed := time.Since(start)
-	if !sampled {
-		// Finished early: whatever is queued at the end of the window is
-		// what the flush found still to apply.
-		queuedFrac = 0
-		if elapsed > window {
-			sample()
-		}
-	}
-	st := idx.Stats()
-	runtime.GC()
-	var after runtime.MemStats
-	runtime.ReadMemStats(&after)
-
-	r := indexerResult{
-		Impl: im.Name, Lanes: im.Lanes, DurationS: window.Seconds(), ElapsedS: elapsed.Seconds(),
-		Ops: len(t.ops), Events: t.events, Matches: t.matches,
-		OfferedOpsS:      float64(len(t.ops)) / window.Seconds(),
-		AchievedOpsS:     float64(done.Load()) / max(elapsed, window).Seconds(),
-		AchievedBlockOpS: float64(t.blocks) * float64(done.Load()) / float64(max(len(t.ops), 1)) / max(elapsed, window).Seconds(),
-		FindMatchesUs:    latencies(lat...),
-		EventsQueuedFrac: queuedFrac,
-		Pairs:            st.Pairs,
-		Rejected:         st.Rejected(),
-		Interrupted:      stopped.Load(),
-	}
-	if st.Pairs > 0 {
-		r.BytesPerPair = float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(st.Pairs)
-	}
-	r.Saturated = r.AchievedOpsS < 0.95*r.OfferedOpsS || r.EventsQueuedFrac > 0.05
-	return r
-}
-
-// sweepIndex halves the window (doubling the offered rate) until the index
-// saturates, and reports the last unsaturated step as the threshold.
-func sweepIndex(t *timeline, im shardpool.Impl, blockSize int, window time.Duration, steps int, stopped *atomic.Bool, progress io.Writer) indexerResult {
-	var best, last indexerResult
-	var pts []sweepPt
-	for k := range steps {
-		w := window >> k
-		if w < 100*time.Millisecond || stopped.Load() {
-			break
-		}
-		last = t.run(im, blockSize, w, stopped, progress)
-		pts = append(pts, sweepPt{OfferedOpsS: last.OfferedOpsS, AchievedOpsS: last.AchievedOpsS,
-			OfferedBlockOpsS: float64(t.blocks) / w.Seconds(), AchievedBlockOpsS: last.AchievedBlockOpS,
-			P99Us: last.FindMatchesUs.P99, QueuedFrac: last.EventsQueuedFrac, Saturated: last.Saturated})
-		fmt.Fprintf(progress, "%s sweep: offered %.0f ops/s, achieved %.0f, saturated %v\n", im, last.OfferedOpsS, last.AchievedOpsS, last.Saturated)
-		if last.Saturated {
-			break
-		}
-		best = last
-	}
-	res := last
-	if best.Impl != "" {
-		res = best
-		res.ThresholdOpsS = best.AchievedOpsS
-		res.ThresholdP99Us = best.FindMatchesUs.P99
-	}
-	res.Sweep = pts
-	return res
-}
-
 func printIndexer(w io.Writer, rep indexerReport) {
-	fmt.Fprintf(w, "trace: %s; %d simulated workers x %d copies; block size %d\n\n", rep.Trace, rep.Workers, rep.Dup, rep.BlockSize)
+	c := rep.Corpus
+	fmt.Fprintf(w, "trace: %s; %d engines x %d copies, blocks of %d tokens, %d tokens per trace hash id, length factor %d\n",
+		c.Trace, c.Workers, c.Dup, c.BlockSize, c.TraceBlockSize, c.LengthFactor)
+	fmt.Fprintf(w, "corpus: %d requests, %d events, %d block ops; %d issuers, %d query lanes\n\n",
+		rep.Requests, rep.Events, rep.BlockOps, rep.Protocol.Issuers, rep.Protocol.QueryLanes)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "index\toffered ops/s\tachieved ops/s\tblock-ops/s\tmatch p50 µs\tp99 µs\tp99.9 µs\tqueued\tB/pair\tthreshold ops/s\tverdict\t")
+	fmt.Fprintln(tw, "index\twindow s\telapsed s\tblock-ops/s\tkept up\tvalid\tlookup p50 µs\tp99 µs\twait p99 µs\tupdate p99 µs\tissue lag p99 µs\tdrain ms\tB/pair\t")
 	for _, r := range rep.Results {
-		verdict := "ok"
-		if r.Saturated {
-			verdict = "SATURATED"
-		}
+		kept := yesNo(r.KeptUp)
 		if r.Interrupted {
-			verdict += " (interrupted)"
+			kept = "interrupted"
 		}
-		threshold := "-"
-		if r.ThresholdOpsS > 0 {
-			threshold = fmt.Sprintf("%.0f", r.ThresholdOpsS)
-		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f%%\t%.0f\t%s\t%s\t\n",
-			shardpool.Impl{Name: r.Impl, Lanes: r.Lanes}, r.OfferedOpsS, r.AchievedOpsS, r.AchievedBlockOpS,
-			r.FindMatchesUs.P50, r.FindMatchesUs.P99, r.FindMatchesUs.P999, 100*r.EventsQueuedFrac, r.BytesPerPair, threshold, verdict)
+		fmt.Fprintf(tw, "%s\t%.3g\t%.3f\t%.3gM\t%s\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t\n",
+			shardpool.Impl{Name: r.Impl, Lanes: r.Lanes}, r.DurationS, r.ElapsedS, r.AchievedBlockOpS/1e6, kept, yesNo(r.GeneratorValid),
+			r.QueryServiceUs.P50, r.QueryServiceUs.P99, r.QueryWaitUs.P99, r.UpdateLatencyUs.P99, r.IssueLagUs.P99, r.DrainMs, r.BytesPerPair)
 	}
 	tw.Flush()
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "NO"
 }
 
 // printIndexerBench prints Go benchmark lines, so benchstat compares runs.
 func printIndexerBench(w io.Writer, rep indexerReport) {
 	fmt.Fprintf(w, "goos: %s\ngoarch: %s\npkg: github.com/kvradix/kvradix/cmd/loadgen\n", runtime.GOOS, runtime.GOARCH)
 	for _, r := range rep.Results {
-		fmt.Fprintf(w, "BenchmarkIndexer/%s 1 %.0f ns/op %.0f p50-ns %.0f p99-ns %.0f p999-ns %.0f ops/s %.0f blocks/s %.1f B/pair",
-			shardpool.Impl{Name: r.Impl, Lanes: r.Lanes}, r.ElapsedS*1e9, r.FindMatchesUs.P50*1e3, r.FindMatchesUs.P99*1e3, r.FindMatchesUs.P999*1e3,
-			r.AchievedOpsS, r.AchievedBlockOpS, r.BytesPerPair)
-		if r.ThresholdOpsS > 0 {
-			fmt.Fprintf(w, " %.0f threshold-ops/s", r.ThresholdOpsS)
-		}
-		fmt.Fprintln(w)
+		fmt.Fprintf(w, "BenchmarkIndexer/%s 1 %.0f ns/op %.0f block-ops/s %.0f lookup-p50-ns %.0f lookup-p99-ns %.0f update-p99-ns %.0f drain-ns %.1f B/pair\n",
+			shardpool.Impl{Name: r.Impl, Lanes: r.Lanes}, r.ElapsedS*1e9, r.AchievedBlockOpS,
+			r.QueryServiceUs.P50*1e3, r.QueryServiceUs.P99*1e3, r.UpdateLatencyUs.P99*1e3, r.DrainMs*1e6, r.BytesPerPair)
 	}
 }

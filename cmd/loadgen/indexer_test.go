@@ -28,7 +28,8 @@ func TestIndexerJSON(t *testing.T) {
 	if len(rep.Results) != 5 {
 		t.Fatalf("%d results, want single + two pools + two compressed pools", len(rep.Results))
 	}
-	for _, k := range []string{"impl", "lanes", "offered_ops_s", "achieved_ops_s", "achieved_block_ops_s", "find_matches_us", "events_queued_frac", "bytes_per_pair", "saturated"} {
+	for _, k := range []string{"impl", "lanes", "offered_ops_s", "achieved_ops_s", "achieved_block_ops_s", "find_matches_us", "events_queued_frac", "bytes_per_pair", "saturated",
+		"generator_valid", "kept_up", "logical_ops", "block_ops", "query_service_us", "query_wait_us", "update_latency_us", "issue_lag_us", "drain_ms"} {
 		if _, ok := rep.Results[0][k]; !ok {
 			t.Errorf("result lacks %q", k)
 		}
@@ -63,7 +64,7 @@ func TestIndexerBenchFormat(t *testing.T) {
 		case *benchfmt.Result:
 			names[string(rec.Name)] = true
 			ns, _ := rec.Value("sec/op")
-			ops, _ := rec.Value("ops/s")
+			ops, _ := rec.Value("block-ops/s")
 			if ns <= 0 || ops <= 0 {
 				t.Errorf("%s: %v", rec.Name, rec.Values)
 			}

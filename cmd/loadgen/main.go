@@ -4,13 +4,18 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"strings"
 	"sync/atomic"
+	"time"
 )
 
 func main() {
@@ -59,18 +64,122 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	return fmt.Errorf("unknown command %q", args[0])
 }
 
-// watch sets the returned flag when stop delivers; release ends the watch.
-func watch(stop <-chan os.Signal) (*atomic.Bool, func()) {
-	stopped := &atomic.Bool{}
+// interrupt is SIGINT as a command sees it: a flag to poll and a channel to
+// select on, so that no wait outlives it.
+type interrupt struct {
+	flag atomic.Bool
+	c    chan struct{}
+}
+
+// Load reports whether the interrupt came.
+func (i *interrupt) Load() bool { return i.flag.Load() }
+
+// C is closed when the interrupt comes.
+func (i *interrupt) C() <-chan struct{} { return i.c }
+
+// sleep waits d, or until the interrupt; it reports false if interrupted.
+func (i *interrupt) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-i.c:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// errInterrupted is every command's error after SIGINT; the output before
+// it is partial.
+var errInterrupted = errors.New("interrupted: the results above are partial")
+
+// watch turns stop's first signal into an interrupt; release ends the watch.
+func watch(stop <-chan os.Signal) (*interrupt, func()) {
+	intr := &interrupt{c: make(chan struct{})}
 	done := make(chan struct{})
 	go func() {
 		select {
 		case <-stop:
-			stopped.Store(true)
+			intr.flag.Store(true)
+			close(intr.c)
 		case <-done:
 		}
 	}()
-	return stopped, func() { close(done) }
+	return intr, func() { close(done) }
+}
+
+// output is every command's -format (table, json or bench) and -json, its
+// alias for -format json.
+type output struct{ format string }
+
+func (o *output) register(fs *flag.FlagSet) {
+	o.format = "table"
+	fs.StringVar(&o.format, "format", o.format, "output: table, json, or bench (Go benchmark lines for benchstat)")
+	fs.BoolFunc("json", "same as -format json", func(v string) error {
+		if v != "false" {
+			o.format = "json"
+		}
+		return nil
+	})
+}
+
+func (o *output) validate() error {
+	switch o.format {
+	case "table", "json", "bench":
+		return nil
+	}
+	return fmt.Errorf("-format %q, want table, json or bench", o.format)
+}
+
+// write prints v as JSON, or calls the table or bench printer.
+func (o *output) write(w io.Writer, v any, table, bench func()) error {
+	switch o.format {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	case "bench":
+		bench()
+	default:
+		table()
+	}
+	return nil
+}
+
+// commandLine is the command as run, for a report's provenance.
+func commandLine(cmd string, args []string) string {
+	return strings.Join(append([]string{"loadgen", cmd}, args...), " ")
+}
+
+// startCPUProfile starts a CPU profile into path ("" for none) and returns
+// its stop.
+func startCPUProfile(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// writeHeapProfile writes a heap profile to path ("" for none).
+func writeHeapProfile(path string) error {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	runtime.GC()
+	return pprof.WriteHeapProfile(f)
 }
 
 // newFlags returns a flag set that reports errors instead of exiting.

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"text/tabwriter"
+
+	"github.com/kvradix/kvradix/internal/stats"
+	"github.com/kvradix/kvradix/shardpool"
+)
+
+// childEnv marks a process run by -repeat (the test binary runs the
+// command when it sees it).
+const childEnv = "LOADGEN_CHILD"
+
+// spread is a figure over repeated runs.
+type spread struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
+func spreadOf(xs []float64) spread {
+	slices.Sort(xs)
+	return spread{Median: stats.Percentile(xs, 0.5), Min: xs[0], Max: xs[len(xs)-1]}
+}
+
+type repeatSummary struct {
+	Impl             string `json:"impl"`
+	Lanes            int    `json:"lanes"`
+	Runs             int    `json:"runs"`
+	KeptUp           int    `json:"kept_up"`
+	GeneratorValid   int    `json:"generator_valid"`
+	AchievedBlockOpS spread `json:"achieved_block_ops_s"`
+	QueryServiceP50  spread `json:"query_service_p50_us"`
+	QueryServiceP99  spread `json:"query_service_p99_us"`
+}
+
+type repeatReport struct {
+	Command string          `json:"command"`
+	Repeat  int             `json:"repeat"`
+	Summary []repeatSummary `json:"summary"`
+	Runs    []indexerReport `json:"runs"`
+}
+
+// runRepeated runs `loadgen indexer args` in n fresh processes, one after
+// the other, and reports each indexer's median and spread.
+func runRepeated(args []string, n int, out output, stdout, stderr io.Writer, intr *interrupt) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-intr.C():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	rep := repeatReport{Command: commandLine("indexer", args), Repeat: n}
+	for k := range n {
+		cmd := exec.CommandContext(ctx, exe, append(append([]string{"indexer"}, args...), "-repeat", "1", "-format", "json", "-quiet")...)
+		cmd.Env = append(os.Environ(), childEnv+"=1")
+		var buf bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &buf, stderr
+		if err := cmd.Run(); err != nil {
+			if intr.Load() {
+				break
+			}
+			return fmt.Errorf("run %d of %d: %w", k+1, n, err)
+		}
+		var r indexerReport
+		if err := json.Unmarshal(buf.Bytes(), &r); err != nil {
+			return fmt.Errorf("run %d of %d: %w", k+1, n, err)
+		}
+		rep.Runs = append(rep.Runs, r)
+		fmt.Fprintf(stderr, "run %d of %d done\n", k+1, n)
+	}
+	rep.Summary = summarise(rep.Runs)
+	err = out.write(stdout, rep, func() { printRepeated(stdout, rep) }, func() {
+		for _, r := range rep.Runs {
+			printIndexerBench(stdout, r)
+		}
+	})
+	if err == nil && intr.Load() {
+		err = errInterrupted
+	}
+	return err
+}
+
+// summarise groups the runs' results by indexer, in first-run order.
+func summarise(runs []indexerReport) []repeatSummary {
+	if len(runs) == 0 {
+		return nil
+	}
+	var out []repeatSummary
+	{
+		for j, first := range runs[0].Results {
+			s := repeatSummary{Impl: first.Impl, Lanes: first.Lanes}
+			var ops, p50, p99 []float64
+			for _, run := range runs {
+				if j >= len(run.Results) {
+					continue
+				}
+				r := run.Results[j]
+				s.Runs++
+				if r.KeptUp {
+					s.KeptUp++
+				}
+				if r.GeneratorValid {
+					s.GeneratorValid++
+				}
+				ops, p50, p99 = append(ops, r.AchievedBlockOpS), append(p50, r.QueryServiceUs.P50), append(p99, r.QueryServiceUs.P99)
+			}
+			s.AchievedBlockOpS, s.QueryServiceP50, s.QueryServiceP99 = spreadOf(ops), spreadOf(p50), spreadOf(p99)
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func printRepeated(w io.Writer, rep repeatReport) {
+	if len(rep.Runs) > 0 {
+		printIndexer(w, rep.Runs[0])
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "%d runs, fresh processes:\n", len(rep.Runs))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "index\tblock-ops/s median\tmin\tmax\tkept up\tvalid\tlookup p50 µs\tp99 µs\t")
+	for _, s := range rep.Summary {
+		fmt.Fprintf(tw, "%s\t%.3gM\t%.3gM\t%.3gM\t%d/%d\t%d/%d\t%.1f\t%.1f\t\n", shardpool.Impl{Name: s.Impl, Lanes: s.Lanes},
+			s.AchievedBlockOpS.Median/1e6, s.AchievedBlockOpS.Min/1e6, s.AchievedBlockOpS.Max/1e6,
+			s.KeptUp, s.Runs, s.GeneratorValid, s.Runs, s.QueryServiceP50.Median, s.QueryServiceP99.Median)
+	}
+	tw.Flush()
+}
