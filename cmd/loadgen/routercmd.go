@@ -331,4 +331,3 @@ func printRouterBench(w io.Writer, rep routerReport) {
 			r.Mode, r.Lanes, r.ElapsedS*1e9, r.DecisionUs.P50*1e3, r.DecisionUs.P99*1e3, r.DecisionUs.P999*1e3, r.AchievedRPS)
 	}
 }
-
