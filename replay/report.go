@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"math"
@@ -28,8 +29,10 @@ type Report struct {
 }
 
 // Compare replays reqs once per router, side by side, computes the
-// references and each result's RoutingEfficiency.
-func Compare(reqs []trace.Request, routers []string, cfg Config) (Report, error) {
+// references and each result's RoutingEfficiency. If ctx ends, it returns
+// ctx's error with the results finished by then (the others keep only
+// their Router name).
+func Compare(ctx context.Context, reqs []trace.Request, routers []string, cfg Config) (Report, error) {
 	rep := Report{Workers: cfg.Workers, Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, Speedup: cfg.Speedup, Seed: cfg.Seed,
 		Results: make([]Result, len(routers))}
 	jobs := make([]func() error, 0, len(routers)+1)
@@ -38,10 +41,13 @@ func Compare(reqs []trace.Request, routers []string, cfg Config) (Report, error)
 		return err
 	})
 	for i, name := range routers {
-		jobs = append(jobs, func() (err error) {
-			if rep.Results[i], err = Run(reqs, name, cfg); err != nil {
+		rep.Results[i].Router = name
+		jobs = append(jobs, func() error {
+			res, err := RunContext(ctx, reqs, name, cfg)
+			if err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
+			rep.Results[i] = res
 			return nil
 		})
 	}
@@ -149,8 +155,10 @@ type SweepReport struct {
 // Sweep replays the KV router once per combination of the settings' values
 // (their cartesian product, the first setting varying slowest), the other
 // knobs as in cfg. The router is kv_temp when temperature is swept, else kv.
-// The report's Results hold the round-robin and default KV baselines.
-func Sweep(reqs []trace.Request, settings []Setting, cfg Config) (SweepReport, error) {
+// The report's Results hold the round-robin and default KV baselines. If
+// ctx ends, it returns ctx's error with the points finished by then (the
+// others keep only their settings).
+func Sweep(ctx context.Context, reqs []trace.Request, settings []Setting, cfg Config) (SweepReport, error) {
 	if err := cfg.Validate(); err != nil {
 		return SweepReport{}, err
 	}
@@ -170,7 +178,7 @@ func Sweep(reqs []trace.Request, settings []Setting, cfg Config) (SweepReport, e
 		}
 		combos = next
 	}
-	base, err := Compare(reqs, []string{RoundRobin, KV}, cfg)
+	base, err := Compare(ctx, reqs, []string{RoundRobin, KV}, cfg)
 	rep := SweepReport{Report: base, Points: make([]SweepPoint, len(combos))}
 	if err != nil {
 		return rep, err
@@ -183,13 +191,14 @@ func Sweep(reqs []trace.Request, settings []Setting, cfg Config) (SweepReport, e
 				return rep, err
 			}
 		}
+		rep.Points[i] = SweepPoint{Settings: combo, Result: Result{Router: routerName}}
 		jobs[i] = func() error {
-			res, err := Run(reqs, routerName, c)
+			res, err := RunContext(ctx, reqs, routerName, c)
 			if err != nil {
 				return fmt.Errorf("sweep %v: %w", combo, err)
 			}
 			res.setEfficiency(rep.ReusePooled)
-			rep.Points[i] = SweepPoint{Settings: combo, Result: res}
+			rep.Points[i].Result = res
 			return nil
 		}
 	}

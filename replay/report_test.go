@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"context"
 	"math"
 	"reflect"
 	"strings"
@@ -66,7 +67,7 @@ func TestCompareEfficiency(t *testing.T) {
 	reqs := synthSmall(t)
 	cfg := DefaultConfig()
 	cfg.Workers, cfg.Blocks = 4, 1024
-	rep, err := Compare(reqs, Routers, cfg)
+	rep, err := Compare(context.Background(), reqs, Routers, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +117,7 @@ func TestSweepGrid(t *testing.T) {
 	reqs := synthSmall(t)
 	cfg := DefaultConfig()
 	cfg.Workers, cfg.Blocks = 4, 1024
-	rep, err := Sweep(reqs, []Setting{{SetOverlapWeight, []float64{1, 8}}, {SetTemperature, []float64{0, 0.5}}}, cfg)
+	rep, err := Sweep(context.Background(), reqs, []Setting{{SetOverlapWeight, []float64{1, 8}}, {SetTemperature, []float64{0, 0.5}}}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +141,7 @@ func TestSweepGrid(t *testing.T) {
 		t.Fatalf("point 3 differs from its plain replay:\n%+v\n%+v", rep.Points[3].Result, want)
 	}
 	// Without temperature the swept router is kv.
-	rep, err = Sweep(reqs, []Setting{{SetQueueThreshold, []float64{0}}}, cfg)
+	rep, err = Sweep(context.Background(), reqs, []Setting{{SetQueueThreshold, []float64{0}}}, cfg)
 	if err != nil || rep.Points[0].Router != KV {
 		t.Fatalf("%v %+v", err, rep.Points)
 	}

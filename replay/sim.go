@@ -314,6 +314,11 @@ func (s *sim) push(t float64, kind uint8, idx int) {
 
 // Run replays reqs on a fresh fleet routed by the named router.
 func Run(reqs []trace.Request, routerName string, cfg Config) (Result, error) {
+	return RunContext(context.Background(), reqs, routerName, cfg)
+}
+
+// RunContext is Run, returning ctx's error soon after ctx ends.
+func RunContext(ctx context.Context, reqs []trace.Request, routerName string, cfg Config) (Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return Result{}, err
 	}
@@ -323,7 +328,7 @@ func Run(reqs []trace.Request, routerName string, cfg Config) (Result, error) {
 	}
 	defer pol.r.Shutdown()
 	res := Result{Router: routerName, Requests: len(reqs)}
-	s, err := simulate(reqs, cfg, pol, &res)
+	s, err := simulate(ctx, reqs, cfg, pol, &res)
 	if err != nil {
 		return res, err
 	}
@@ -338,7 +343,7 @@ func Run(reqs []trace.Request, routerName string, cfg Config) (Result, error) {
 }
 
 // simulate runs the event loop to the end.
-func simulate(reqs []trace.Request, cfg Config, pol policy, res *Result) (*sim, error) {
+func simulate(ctx context.Context, reqs []trace.Request, cfg Config, pol policy, res *Result) (*sim, error) {
 	s := &sim{cfg: cfg, pol: pol, perW: make([]int, cfg.engines())}
 	if c, ok := pol.(interface{ setClock(*float64) }); ok {
 		c.setClock(&s.now)
@@ -353,7 +358,10 @@ func simulate(reqs []trace.Request, cfg Config, pol policy, res *Result) (*sim, 
 		s.push(tr.Timestamp/cfg.Speedup, evArrival, i)
 	}
 	var tokens []uint32
-	for s.events.Len() > 0 && s.err == nil {
+	for n := 0; s.events.Len() > 0 && s.err == nil; n++ {
+		if n%4096 == 0 && ctx.Err() != nil {
+			return s, ctx.Err()
+		}
 		ev := heap.Pop(&s.events).(simEvent)
 		s.now = ev.t
 		switch ev.kind {

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
 
@@ -41,7 +42,7 @@ func Workload(reqs []trace.Request, cfg Config) ([]Op, error) {
 	}
 	rec := &recorder{rng: rand.New(rand.NewPCG(cfg.Seed, 0x776f726b)), cfg: cfg}
 	var res Result
-	if _, err := simulate(reqs, cfg, rec, &res); err != nil {
+	if _, err := simulate(context.Background(), reqs, cfg, rec, &res); err != nil {
 		return nil, err
 	}
 	if res.UnpublishedEvts > 0 {

@@ -1,7 +1,7 @@
 package main
 
 import (
-	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -19,6 +19,7 @@ import (
 )
 
 type ingestResult struct {
+	Command        string  `json:"command"`
 	Engines        int     `json:"engines"`
 	Events         int     `json:"events"`
 	Batches        int     `json:"batches"`
@@ -38,6 +39,54 @@ type ingestResult struct {
 	Rejected       uint64  `json:"rejected_events"`
 	IndexEqual     bool    `json:"index_equal"`
 	IndexDiff      string  `json:"index_diff,omitempty"`
+	Interrupted    bool    `json:"interrupted,omitempty"`
+}
+
+// ingestConfig is what `loadgen ingest` was asked to do.
+type ingestConfig struct {
+	out       output
+	engines   int
+	events    int
+	perBatch  int
+	blocks    int
+	blockSize int
+	removes   float64
+	drop      float64
+	restart   bool
+	lanes     int
+	seed      uint64
+}
+
+func (c *ingestConfig) register(fs *flag.FlagSet) {
+	c.out.register(fs)
+	fs.IntVar(&c.engines, "engines", 4, "mock engines publishing")
+	fs.IntVar(&c.events, "events", 40000, "BlockStored/BlockRemoved events in all")
+	fs.IntVar(&c.perBatch, "batch", 8, "events per batch (one engine step)")
+	fs.IntVar(&c.blocks, "blocks-per-event", 64, "blocks per BlockStored")
+	fs.IntVar(&c.blockSize, "block-size", 16, "tokens per block")
+	fs.Float64Var(&c.removes, "remove-ratio", 0.1, "share of events that are BlockRemoved")
+	fs.Float64Var(&c.drop, "drop", 0.002, "probability a live batch is dropped on the wire (repaired by replay)")
+	fs.BoolVar(&c.restart, "restart", true, "restart engine 0 half way")
+	fs.IntVar(&c.lanes, "lanes", 2, "indexer lanes")
+	fs.Uint64Var(&c.seed, "seed", 1, "seed")
+}
+
+func (c *ingestConfig) validate() error {
+	switch {
+	case c.engines < 1 || c.events < 1 || c.perBatch < 1 || c.blocks < 1 || c.blockSize < 1 || c.lanes < 1:
+		return fmt.Errorf("-engines, -events, -batch, -blocks-per-event, -block-size and -lanes must be >= 1")
+	case c.drop < 0 || c.drop >= 1 || c.removes < 0 || c.removes >= 1:
+		return fmt.Errorf("-drop and -remove-ratio must be in [0, 1)")
+	}
+	return c.out.validate()
+}
+
+// ingestEngine is one mock engine: its publisher and its batches, decided
+// up front.
+type ingestEngine struct {
+	pub     *vllm.Publisher
+	batches [][]vllm.Event
+	restart int // batch index to restart before; -1 for none
 }
 
 // runIngest: mock vLLM engines publish over ZeroMQ on loopback into the
@@ -45,44 +94,75 @@ type ingestResult struct {
 // built directly from the same events.
 func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	fs := newFlags("ingest", stderr)
-	engines := fs.Int("engines", 4, "mock engines publishing")
-	events := fs.Int("events", 40000, "BlockStored/BlockRemoved events in all")
-	perBatch := fs.Int("batch", 8, "events per batch (one engine step)")
-	blocks := fs.Int("blocks-per-event", 64, "blocks per BlockStored")
-	blockSize := fs.Int("block-size", 16, "tokens per block")
-	removes := fs.Float64("remove-ratio", 0.1, "share of events that are BlockRemoved")
-	drop := fs.Float64("drop", 0.002, "probability a live batch is dropped on the wire (repaired by replay)")
-	restart := fs.Bool("restart", true, "restart engine 0 half way")
-	lanes := fs.Int("lanes", 2, "indexer lanes")
-	seed := fs.Uint64("seed", 1, "seed")
-	asJSON := fs.Bool("json", false, "print one JSON object")
-	format := fs.String("format", "table", "output: table, or bench")
+	var c ingestConfig
+	c.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	switch {
-	case fs.NArg() > 0:
+	if fs.NArg() > 0 {
 		return fmt.Errorf("ingest: unexpected argument %q", fs.Arg(0))
-	case *engines < 1 || *events < 1 || *perBatch < 1 || *blocks < 1 || *blockSize < 1 || *lanes < 1:
-		return fmt.Errorf("-engines, -events, -batch, -blocks-per-event, -block-size and -lanes must be >= 1")
-	case *drop < 0 || *drop >= 1 || *removes < 0 || *removes >= 1:
-		return fmt.Errorf("-drop and -remove-ratio must be in [0, 1)")
-	case *format != "table" && *format != "bench":
-		return fmt.Errorf("-format %q, want table or bench", *format)
 	}
-	stopped, release := watch(stop)
+	if err := c.validate(); err != nil {
+		return err
+	}
+	intr, release := watch(stop)
 	defer release()
-
-	// The engines' event streams, decided up front.
-	nBatches := (*events/(*engines) + *perBatch - 1) / *perBatch
-	type engine struct {
-		pub     *vllm.Publisher
-		batches [][]vllm.Event
-		restart int // batch index to restart before; -1 for none
+	engs, err := c.startEngines(intr)
+	defer func() {
+		for _, e := range engs {
+			e.pub.Close()
+		}
+	}()
+	if err != nil {
+		return err
 	}
-	engs := make([]*engine, *engines)
-	payloadBytes := 0
-	for i := range engs {
+	decodeNs, payloadBytes, err := measureDecode(engs[0].batches)
+	if err != nil {
+		return err
+	}
+	pool := shardpool.NewPool(c.lanes, c.blockSize)
+	defer pool.Close()
+	sub, err := c.subscribe(pool, engs, intr)
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
+	run := &ingestRun{c: &c, engs: engs, sub: sub, intr: intr}
+	start := time.Now()
+	if err := run.publish(); err != nil {
+		return err
+	}
+	if err := sub.Flush(); err != nil {
+		return err
+	}
+	res := c.result(run, pool, time.Since(start), decodeNs)
+	res.Command = commandLine("ingest", args)
+	if err := c.out.write(stdout, res, func() { printIngest(stdout, res, payloadBytes) }, func() { printIngestBench(stdout, res) }); err != nil {
+		return err
+	}
+	for _, l := range sub.Stats().RecentLosses {
+		fmt.Fprintln(stderr, "loss:", l)
+	}
+	if intr.Load() {
+		return errInterrupted
+	}
+	if !res.IndexEqual && res.GapsLost == 0 {
+		return fmt.Errorf("ingest: the final index differs although no loss was counted: %s", res.IndexDiff)
+	}
+	return nil
+}
+
+// batchesPerEngine is how many batches each engine publishes.
+func (c *ingestConfig) batchesPerEngine() int { return (c.events/c.engines + c.perBatch - 1) / c.perBatch }
+
+// startEngines binds a publisher per engine (array encoding and legacy
+// replay framing, map encoding and topic framing, alternating) and
+// generates its batches; engine 0 restarts half way if asked. An interrupt
+// cuts the batches short.
+func (c *ingestConfig) startEngines(intr *interrupt) ([]*ingestEngine, error) {
+	n := c.batchesPerEngine()
+	var engs []*ingestEngine
+	for i := range c.engines {
 		enc, framing := vllm.ArrayEncoding, vllm.FramingLegacy
 		if i%2 == 1 {
 			enc, framing = vllm.MapEncoding, vllm.FramingTopic
@@ -90,32 +170,40 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0",
 			Topic: fmt.Sprintf("kv@engine-%d@model", i), Encoding: enc, Framing: framing})
 		if err != nil {
-			return err
+			return engs, err
 		}
-		defer pub.Close()
-		e := &engine{pub: pub, restart: -1}
-		if *restart && i == 0 {
-			e.restart = nBatches / 2
+		e := &ingestEngine{pub: pub, restart: -1}
+		engs = append(engs, e)
+		if c.restart && i == 0 {
+			e.restart = n / 2
 		}
-		gen := vllm.NewSynthEngine(*seed+uint64(i), *blockSize, *blocks, *removes)
-		for b := range nBatches {
+		gen := vllm.NewSynthEngine(c.seed+uint64(i), c.blockSize, c.blocks, c.removes)
+		for b := range n {
+			if b%1024 == 0 && intr.Load() {
+				break
+			}
 			if b == e.restart {
 				gen.Restart()
 			}
-			batch := make([]vllm.Event, *perBatch)
+			batch := make([]vllm.Event, c.perBatch)
 			for k := range batch {
 				batch[k] = gen.Step()
 			}
 			e.batches = append(e.batches, batch)
 		}
-		engs[i] = e
 	}
-	// Decode cost, measured on the payloads themselves.
+	return engs, nil
+}
+
+// measureDecode times decoding up to 200 of the batches (map encoding),
+// five times over: ns per event, and the mean payload size.
+func measureDecode(batches [][]vllm.Event) (float64, int, error) {
 	var payloads [][]byte
-	for _, b := range engs[0].batches[:min(200, nBatches)] {
+	size := 0
+	for _, b := range batches[:min(200, len(batches))] {
 		p := vllm.AppendBatch(nil, &vllm.Batch{Events: b}, vllm.MapEncoding)
 		payloads = append(payloads, p)
-		payloadBytes += len(p)
+		size += len(p)
 	}
 	t0 := time.Now()
 	decoded := 0
@@ -123,112 +211,74 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 		for _, p := range payloads {
 			b, err := vllm.DecodeBatch(p)
 			if err != nil {
-				return err
+				return 0, 0, err
 			}
 			decoded += len(b.Events)
 		}
 	}
-	decodeNs := float64(time.Since(t0).Nanoseconds()) / float64(decoded)
+	return float64(time.Since(t0).Nanoseconds()) / float64(max(decoded, 1)), size / max(1, len(payloads)), nil
+}
 
-	pool := shardpool.NewPool(*lanes, *blockSize)
-	defer pool.Close()
+// subscribe connects a subscriber to every engine and waits out PUB/SUB's
+// slow-joiner start with empty batches.
+func (c *ingestConfig) subscribe(pool *shardpool.Pool, engs []*ingestEngine, intr *interrupt) (*vllm.Subscriber, error) {
 	eps := make([]vllm.Endpoint, len(engs))
 	for i, e := range engs {
 		eps[i] = vllm.Endpoint{Worker: kvevent.WorkerID(i), Address: e.pub.Addr(), Replay: e.pub.ReplayAddr(), Topic: fmt.Sprintf("kv@engine-%d@", i)}
 	}
-	sub, err := vllm.NewSubscriber(pool, vllm.SubscriberConfig{BlockSize: *blockSize}, eps...)
+	sub, err := vllm.NewSubscriber(pool, vllm.SubscriberConfig{BlockSize: c.blockSize}, eps...)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer sub.Close()
-	// Wait out PUB/SUB's slow-joiner start with empty batches.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); ; {
 		ready := true
 		for i, got := range sub.Received() {
 			if got == 0 {
 				ready = false
 				if _, err := engs[i].pub.Publish(nil); err != nil {
-					return err
+					sub.Close()
+					return nil, err
 				}
 			}
 		}
-		if ready {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("ingest: the subscriber did not connect")
+		switch {
+		case ready:
+			return sub, nil
+		case time.Now().After(deadline):
+			sub.Close()
+			return nil, fmt.Errorf("ingest: the subscriber did not connect")
+		case !intr.sleep(5 * time.Millisecond):
+			return sub, nil // interrupted: the run stops at once
 		}
 	}
-	var dropped atomic.Int64
-	start := time.Now()
+}
+
+// ingestRun is the timed part: engines publishing, the subscriber
+// catching up.
+type ingestRun struct {
+	c         *ingestConfig
+	engs      []*ingestEngine
+	sub       *vllm.Subscriber
+	intr      *interrupt
+	dropped   atomic.Int64
+	restarted atomic.Uint64
+}
+
+// publish has every engine publish its batches, dropping some on the wire,
+// and waits until the subscriber has applied them all.
+func (r *ingestRun) publish() error {
 	var wg sync.WaitGroup
-	errs := make([]error, len(engs))
-	// caughtUp waits until the subscriber applied engine i's batches up to
-	// seq. A dropped last batch would go unseen (a gap shows only when a
-	// later batch arrives), so after a quiet spell it publishes an empty
-	// heartbeat batch that reveals it.
-	//
-	// Received is per sequence, and an engine's sequence starts again at
-	// its restart: until the subscriber has seen the restart, the count it
-	// reports is the old life's, so waiting also needs every restart made
-	// so far to have been seen.
-	var restarted atomic.Uint64
-	caughtUp := func(i int, seq uint64) {
-		pub := engs[i].pub
-		// Restarts first: the subscriber resets Received before counting
-		// a restart.
-		behind := func() bool { return sub.Stats().Restarts < restarted.Load() || sub.Received()[i] <= seq }
-		for quiet := 0; behind() && !stopped.Load(); quiet++ {
-			time.Sleep(time.Millisecond)
-			if quiet == 50 {
-				drop := pub.DropLive
-				pub.DropLive = nil
-				s, err := pub.Publish(nil)
-				pub.DropLive = drop
-				if err == nil {
-					seq = s
-				}
-				quiet = 0
-			}
-		}
-	}
-	for i, e := range engs {
-		rng := rand.New(rand.NewPCG(*seed, uint64(i)))
+	errs := make([]error, len(r.engs))
+	for i, e := range r.engs {
+		rng := rand.New(rand.NewPCG(r.c.seed, uint64(i)))
 		e.pub.DropLive = func(uint64) bool {
-			if rng.Float64() < *drop {
-				dropped.Add(1)
+			if rng.Float64() < r.c.drop {
+				r.dropped.Add(1)
 				return true
 			}
 			return false
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var seq uint64
-			for b, evs := range e.batches {
-				if stopped.Load() {
-					return
-				}
-				if b == e.restart {
-					// Let the subscriber catch up first: a restart empties the
-					// replay ring, so gaps still open would be lost for real.
-					caughtUp(i, seq)
-					e.pub.Restart()
-					restarted.Add(1)
-				}
-				last := b == len(e.batches)-1
-				if last {
-					e.pub.DropLive = nil // a final drop would stay unseen
-				}
-				s, err := e.pub.Publish(evs)
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				seq = s
-			}
-			caughtUp(i, seq)
-		}()
+		wg.Go(func() { errs[i] = r.engine(i, e) })
 	}
 	wg.Wait()
 	for _, err := range errs {
@@ -236,15 +286,73 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 			return err
 		}
 	}
-	if err := sub.Flush(); err != nil {
-		return err
-	}
-	elapsed := time.Since(start)
+	return nil
+}
 
-	// The index built directly from every event the engines produced.
+// engine publishes e's batches in order, restarting where asked, then
+// waits for the subscriber.
+func (r *ingestRun) engine(i int, e *ingestEngine) error {
+	var seq uint64
+	for b, evs := range e.batches {
+		if r.intr.Load() {
+			return nil
+		}
+		if b == e.restart {
+			// Let the subscriber catch up first: a restart empties the
+			// replay ring, so gaps still open would be lost for real.
+			r.caughtUp(i, seq)
+			e.pub.Restart()
+			r.restarted.Add(1)
+		}
+		if b == len(e.batches)-1 {
+			e.pub.DropLive = nil // a final drop would stay unseen
+		}
+		s, err := e.pub.Publish(evs)
+		if err != nil {
+			return err
+		}
+		seq = s
+	}
+	r.caughtUp(i, seq)
+	return nil
+}
+
+// caughtUp waits until the subscriber applied engine i's batches up to
+// seq. A dropped last batch would go unseen (a gap shows only when a later
+// batch arrives), so after a quiet spell it publishes an empty heartbeat
+// batch that reveals it.
+//
+// Received is per sequence, and an engine's sequence starts again at its
+// restart: until the subscriber has seen the restart, the count it reports
+// is the old life's, so waiting also needs every restart made so far to
+// have been seen. The restarts are read first: the subscriber resets
+// Received before counting a restart.
+func (r *ingestRun) caughtUp(i int, seq uint64) {
+	pub := r.engs[i].pub
+	behind := func() bool { return r.sub.Stats().Restarts < r.restarted.Load() || r.sub.Received()[i] <= seq }
+	for quiet := 0; behind(); quiet++ {
+		if !r.intr.sleep(time.Millisecond) {
+			return
+		}
+		if quiet == 50 {
+			drop := pub.DropLive
+			pub.DropLive = nil
+			s, err := pub.Publish(nil)
+			pub.DropLive = drop
+			if err == nil {
+				seq = s
+			}
+			quiet = 0
+		}
+	}
+}
+
+// directBuild is the index built directly from every event the engines
+// produced, restarts included.
+func (c *ingestConfig) directBuild(engs []*ingestEngine) *radix.Tree {
 	want := radix.NewTree()
 	for i, e := range engs {
-		conv := vllm.NewConverter(kvevent.WorkerID(i), *blockSize)
+		conv := vllm.NewConverter(kvevent.WorkerID(i), c.blockSize)
 		for b, evs := range e.batches {
 			if b == e.restart {
 				_ = want.Apply(kvevent.RouterEvent{WorkerID: kvevent.WorkerID(i), Event: kvevent.Event{Data: kvevent.Cleared{}}})
@@ -254,60 +362,53 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 			}
 		}
 	}
-	st := sub.Stats()
-	total := nBatches * *perBatch * len(engs)
+	return want
+}
+
+// result counts and checks the final index against the direct build.
+func (c *ingestConfig) result(r *ingestRun, pool *shardpool.Pool, elapsed time.Duration, decodeNs float64) ingestResult {
+	st := r.sub.Stats()
+	total := c.batchesPerEngine() * c.perBatch * len(r.engs)
 	res := ingestResult{
-		Engines: len(engs), Events: total, Batches: nBatches * len(engs), BlocksPerEvent: *blocks, BlockSize: *blockSize,
+		Engines: len(r.engs), Events: total, Batches: c.batchesPerEngine() * len(r.engs), BlocksPerEvent: c.blocks, BlockSize: c.blockSize,
 		ElapsedS: elapsed.Seconds(), EventsS: float64(total) / elapsed.Seconds(),
-		BlocksS:       float64(st.Convert.Stored) * float64(*blocks) / elapsed.Seconds(),
-		DecodeNsEvent: decodeNs, DroppedBatches: int(dropped.Load()),
+		BlocksS:       float64(st.Convert.Stored) * float64(c.blocks) / elapsed.Seconds(),
+		DecodeNsEvent: decodeNs, DroppedBatches: int(r.dropped.Load()),
 		GapsFound: st.GapsFound, GapsRepaired: st.GapsRepaired, GapsLost: st.GapsLost, BatchesLost: st.BatchesLost,
 		Replayed: st.Replayed, Restarts: st.Restarts, Rejected: st.Convert.Rejected() + pool.Stats().Rejected(),
+		Interrupted: r.intr.Load(),
 	}
-	if stopped.Load() {
+	if res.Interrupted {
 		res.IndexDiff = "interrupted"
-	} else {
-		a, errA := radixtest.FromDump(pool.Index())
-		b, errB := radixtest.FromDump(want)
-		switch {
-		case errA != nil || errB != nil:
-			res.IndexDiff = fmt.Sprint(errA, errB)
-		default:
-			res.IndexDiff = a.Diff(b)
-			res.IndexEqual = res.IndexDiff == "" && pool.Index().Size() == want.Size()
-		}
+		return res
 	}
-	switch {
-	case *asJSON:
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(res); err != nil {
-			return err
-		}
-	case *format == "bench":
-		fmt.Fprintf(stdout, "pkg: github.com/kvradix/kvradix/cmd/loadgen\nBenchmarkIngest/engines=%d/blocks=%d 1 %.0f ns/op %.0f events/s %.0f blocks/s %.0f decode-ns/event\n",
-			res.Engines, res.BlocksPerEvent, res.ElapsedS*1e9, res.EventsS, res.BlocksS, res.DecodeNsEvent)
-	default:
-		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "engines\t%d (array+legacy replay framing, map+topic framing alternating)\n", res.Engines)
-		fmt.Fprintf(tw, "events\t%d in %d batches, %d blocks of %d tokens per BlockStored\n", res.Events, res.Batches, res.BlocksPerEvent, res.BlockSize)
-		fmt.Fprintf(tw, "end to end\t%.0f events/s, %.0f blocks/s (%.2fs)\n", res.EventsS, res.BlocksS, res.ElapsedS)
-		fmt.Fprintf(tw, "decode\t%.0f ns/event (%d-byte batches)\n", res.DecodeNsEvent, payloadBytes/max(1, len(payloads)))
-		fmt.Fprintf(tw, "gaps\t%d batches dropped on the wire; %d gaps found, %d repaired (%d batches replayed), %d lost (%d batches)\n",
-			res.DroppedBatches, res.GapsFound, res.GapsRepaired, res.Replayed, res.GapsLost, res.BatchesLost)
-		fmt.Fprintf(tw, "restarts\t%d\n", res.Restarts)
-		fmt.Fprintf(tw, "rejected\t%d events\n", res.Rejected)
-		fmt.Fprintf(tw, "final index\tequal to the direct build: %v %s\n", res.IndexEqual, res.IndexDiff)
-		tw.Flush()
+	want := c.directBuild(r.engs)
+	a, errA := radixtest.FromDump(pool.Index())
+	b, errB := radixtest.FromDump(want)
+	if errA != nil || errB != nil {
+		res.IndexDiff = fmt.Sprint(errA, errB)
+		return res
 	}
-	for _, l := range st.RecentLosses {
-		fmt.Fprintln(stderr, "loss:", l)
-	}
-	if stopped.Load() {
-		return fmt.Errorf("interrupted: the results above are partial")
-	}
-	if !res.IndexEqual && res.GapsLost == 0 {
-		return fmt.Errorf("ingest: the final index differs although no loss was counted: %s", res.IndexDiff)
-	}
-	return nil
+	res.IndexDiff = a.Diff(b)
+	res.IndexEqual = res.IndexDiff == "" && pool.Index().Size() == want.Size()
+	return res
+}
+
+func printIngest(w io.Writer, res ingestResult, payloadBytes int) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "engines\t%d (array+legacy replay framing, map+topic framing alternating)\n", res.Engines)
+	fmt.Fprintf(tw, "events\t%d in %d batches, %d blocks of %d tokens per BlockStored\n", res.Events, res.Batches, res.BlocksPerEvent, res.BlockSize)
+	fmt.Fprintf(tw, "end to end\t%.0f events/s, %.0f blocks/s (%.2fs)\n", res.EventsS, res.BlocksS, res.ElapsedS)
+	fmt.Fprintf(tw, "decode\t%.0f ns/event (%d-byte batches)\n", res.DecodeNsEvent, payloadBytes)
+	fmt.Fprintf(tw, "gaps\t%d batches dropped on the wire; %d gaps found, %d repaired (%d batches replayed), %d lost (%d batches)\n",
+		res.DroppedBatches, res.GapsFound, res.GapsRepaired, res.Replayed, res.GapsLost, res.BatchesLost)
+	fmt.Fprintf(tw, "restarts\t%d\n", res.Restarts)
+	fmt.Fprintf(tw, "rejected\t%d events\n", res.Rejected)
+	fmt.Fprintf(tw, "final index\tequal to the direct build: %v %s\n", res.IndexEqual, res.IndexDiff)
+	tw.Flush()
+}
+
+func printIngestBench(w io.Writer, res ingestResult) {
+	fmt.Fprintf(w, "pkg: github.com/kvradix/kvradix/cmd/loadgen\nBenchmarkIngest/engines=%d/blocks=%d 1 %.0f ns/op %.0f events/s %.0f blocks/s %.0f decode-ns/event\n",
+		res.Engines, res.BlocksPerEvent, res.ElapsedS*1e9, res.EventsS, res.BlocksS, res.DecodeNsEvent)
 }

@@ -49,7 +49,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	}
 	switch args[0] {
 	case "replay":
-		return runReplay(args[1:], stdout, stderr)
+		return runReplay(args[1:], stdout, stderr, stop)
 	case "indexer":
 		return runIndexer(args[1:], stdout, stderr, stop)
 	case "router":

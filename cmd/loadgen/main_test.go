@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -14,6 +15,10 @@ import (
 // go-zeromq v0.17 leaves its own PUB writer and closed-socket reader
 // goroutines behind (see ingest/vllm's tests); ours are all checked.
 func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" { // a process of -repeat: be loadgen
+		main()
+		return
+	}
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
 		goleak.IgnoreTopFunction("github.com/go-zeromq/zmq4.(*qreader).listen"))
@@ -116,5 +121,41 @@ func TestReplayBadInput(t *testing.T) {
 		if err != nil && strings.Contains(err.Error(), "\n") {
 			t.Errorf("%v: error is not one line: %q", tc.args, err)
 		}
+	}
+}
+
+// On SIGINT every command stops at once (not after its next deadline),
+// prints what it has marked interrupted, and fails. Each run below would
+// take far longer than the bound.
+func TestInterruptStopsEveryCommand(t *testing.T) {
+	for _, args := range [][]string{
+		append([]string{"indexer", "-duration", "2m", "-compare", "single"}, indexerSmall...),
+		{"router", "-synth", "-synth-requests", "100", "-rate", "50", "-duration", "2m", "-workers", "4", "-clients", "2", "-modes", "kv"},
+		{"replay", "-routers", "kv,kv_temp,random,round_robin"},
+		{"ingest", "-events", "400000", "-engines", "2"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			var out, errb bytes.Buffer
+			stop := make(chan os.Signal, 1)
+			done := make(chan error, 1)
+			go func() { done <- run(args, &out, &errb, stop) }()
+			time.Sleep(300 * time.Millisecond)
+			sent := time.Now()
+			stop <- os.Interrupt
+			select {
+			case err := <-done:
+				if took := time.Since(sent); took > 5*time.Second {
+					t.Errorf("stopped %v after the interrupt", took)
+				}
+				if err == nil || !strings.Contains(err.Error(), "interrupted") {
+					t.Fatalf("error %v", err)
+				}
+				if !strings.Contains(out.String(), "interrupted") {
+					t.Fatalf("no partial output marked interrupted:\n%s", out.String())
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("still running 30 s after the interrupt")
+			}
+		})
 	}
 }

@@ -1,11 +1,13 @@
 package main
 
 import (
-	"encoding/json"
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -33,7 +35,7 @@ type replayConfig struct {
 	sim     replay.Config
 	routers string
 	sweep   settingsFlag
-	json    bool
+	out     output
 }
 
 func (c *replayConfig) register(fs *flag.FlagSet) {
@@ -54,10 +56,10 @@ func (c *replayConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&cfg.IndexerLanes, "lanes", cfg.IndexerLanes, "indexer lanes of the KV routers (1 = single-threaded)")
 	fs.StringVar(&c.routers, "routers", "round_robin,random,kv", "routers to compare: round_robin, random, kv, kv_temp")
 	fs.Var(&c.sweep, "sweep", "sweep a KV router knob instead: `name=v1,v2,...` with name overlap_weight, temperature or queue_threshold; repeat for a grid")
-	fs.BoolVar(&c.json, "json", false, "print one JSON object instead of the table")
+	c.out.register(fs)
 }
 
-func runReplay(args []string, stdout, stderr io.Writer) error {
+func runReplay(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	fs := newFlags("replay", stderr)
 	var c replayConfig
 	c.register(fs)
@@ -71,39 +73,92 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("-routers: %w", err)
 	}
-	if err := c.sim.Validate(); err != nil {
+	if err := errors.Join(c.sim.Validate(), c.out.validate()); err != nil {
 		return err
 	}
 	reqs, traceName, err := c.work.load()
 	if err != nil {
 		return err
 	}
+	intr, release := watch(stop)
+	defer release()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-intr.C():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	command := commandLine("replay", args)
 	if len(c.sweep) > 0 {
-		rep, err := replay.Sweep(reqs, c.sweep, c.sim)
+		rep, err := replay.Sweep(ctx, reqs, c.sweep, c.sim)
 		rep.Trace = traceName
-		return c.report(stdout, rep, err, func() { printSweep(stdout, rep) })
+		return c.report(stdout, replaySweepReport{command, rep}, err, func() { printSweep(stdout, rep) }, func() { printSweepBench(stdout, rep) })
 	}
-	rep, err := replay.Compare(reqs, names, c.sim)
+	rep, err := replay.Compare(ctx, reqs, names, c.sim)
 	rep.Trace = traceName
-	return c.report(stdout, rep, err, func() { printReplay(stdout, rep) })
+	return c.report(stdout, replayReport{command, rep}, err, func() { printReplay(stdout, rep) }, func() { printReplayBench(stdout, rep.Results, nil) })
 }
 
-// report writes rep as JSON or as print's table, unless err.
-func (c *replayConfig) report(w io.Writer, rep any, err error, print func()) error {
-	switch {
-	case err != nil:
+// replayReport and replaySweepReport add the command line to a report.
+type replayReport struct {
+	Command string `json:"command"`
+	replay.Report
+}
+
+type replaySweepReport struct {
+	Command string `json:"command"`
+	replay.SweepReport
+}
+
+// report writes rep in the chosen format, unless err; after SIGINT it
+// writes what finished (a router or point that did not shows no requests)
+// and returns errInterrupted.
+func (c *replayConfig) report(w io.Writer, rep any, err error, table, bench func()) error {
+	interrupted := errors.Is(err, context.Canceled)
+	if err != nil && !interrupted {
 		return err
-	case c.json:
-		return writeJSON(w, rep)
 	}
-	print()
+	if err := c.out.write(w, rep, table, bench); err != nil {
+		return err
+	}
+	if interrupted {
+		fmt.Fprintln(w, "interrupted: a router or setting with 0 requests did not finish")
+		return errInterrupted
+	}
 	return nil
 }
 
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+// printReplayBench prints Go benchmark lines: a replay's "time per op" is
+// its mean TTFT; reuse, efficiency and TTFT p99 ride along.
+func printReplayBench(w io.Writer, results []replay.Result, names []string) {
+	fmt.Fprintln(w, "pkg: github.com/kvradix/kvradix/cmd/loadgen")
+	for i, r := range results {
+		name := "router=" + r.Router
+		if names != nil {
+			name = names[i]
+		}
+		fmt.Fprintf(w, "BenchmarkReplay/%s 1 %.0f ns/op %.0f ttft-p99-ns %.4f reuse %.4f efficiency\n",
+			name, r.TTFT.Mean*1e6, r.TTFT.P99*1e6, r.ReuseRatio, r.RoutingEfficiency)
+	}
+}
+
+func printSweepBench(w io.Writer, rep replay.SweepReport) {
+	var results []replay.Result
+	var names []string
+	for _, r := range rep.Results {
+		results, names = append(results, r), append(names, "router="+r.Router)
+	}
+	for _, p := range rep.Points {
+		name := "router=" + p.Router
+		for _, k := range slices.Sorted(maps.Keys(p.Settings)) {
+			name += fmt.Sprintf("/%s=%g", k, p.Settings[k])
+		}
+		results, names = append(results, p.Result), append(names, name)
+	}
+	printReplayBench(w, results, names)
 }
 
 func printReplayHeader(w io.Writer, rep replay.Report) {
