@@ -153,7 +153,9 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 }
 
 // batchesPerEngine is how many batches each engine publishes.
-func (c *ingestConfig) batchesPerEngine() int { return (c.events/c.engines + c.perBatch - 1) / c.perBatch }
+func (c *ingestConfig) batchesPerEngine() int {
+	return (c.events/c.engines + c.perBatch - 1) / c.perBatch
+}
 
 // startEngines binds a publisher per engine (array encoding and legacy
 // replay framing, map encoding and topic framing, alternating) and

@@ -171,4 +171,3 @@ func TestIndexerRepeat(t *testing.T) {
 		t.Fatal("-repeat 0 accepted")
 	}
 }
-
