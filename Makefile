@@ -56,8 +56,10 @@ bench-compare:
 	@test -n "$(OLD)" -a -n "$(NEW)" || { echo "usage: make bench-compare OLD=<rev> NEW=<rev>"; exit 2; }
 	./scripts/bench-compare.sh "$(OLD)" "$(NEW)" "$(BENCH)" "$(COUNT)" "$(BENCHTIME)"
 
+# The reference's drain-correct protocol on the embedded trace, every
+# indexer: the shortest window each keeps up with (about a minute).
 loadgen:
-	$(GO) run ./cmd/loadgen indexer -duration 20s
+	$(GO) run ./cmd/loadgen indexer -sweep -duration 4s -sweep-steps 7
 
 replay:
 	$(GO) run ./cmd/loadgen replay
