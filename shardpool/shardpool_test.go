@@ -20,23 +20,20 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-type impl struct {
-	name string
-	new  func(blockSize int) shardpool.Indexer
-}
-
-var impls = []impl{
-	{"single", func(bs int) shardpool.Indexer { return shardpool.NewSingle(bs) }},
-	{"pool/lanes=1", func(bs int) shardpool.Indexer { return shardpool.NewPool(1, bs) }},
-	{"pool/lanes=2", func(bs int) shardpool.Indexer { return shardpool.NewPool(2, bs) }},
-	{"pool/lanes=4", func(bs int) shardpool.Indexer { return shardpool.NewPool(4, bs) }},
-	{"pool/index=concurrent/lanes=2", func(bs int) shardpool.Indexer { return shardpool.NewPoolOver(2, bs, radix.NewConcurrentTree()) }},
-}
+// impls is the one implementation table (shardpool.ParseImpls, as the
+// benchmarks and loadgen use it): every indexer, pools at 1, 2 and 4 lanes.
+var impls = func() []shardpool.Impl {
+	ims, err := shardpool.ParseImpls(strings.Join(shardpool.ImplNames, ","), []int{1, 2, 4})
+	if err != nil {
+		panic(err)
+	}
+	return ims
+}()
 
 func forEach(t *testing.T, f func(t *testing.T, idx shardpool.Indexer)) {
 	for _, im := range impls {
-		t.Run("impl="+im.name, func(t *testing.T) {
-			idx := im.new(4)
+		t.Run(im.String(), func(t *testing.T) {
+			idx := im.New(4)
 			defer idx.Close()
 			f(t, idx)
 		})
@@ -161,8 +158,8 @@ func TestRemoveWorkerIsOrdered(t *testing.T) {
 
 func TestCloseDrainsAndThenRefuses(t *testing.T) {
 	for _, im := range impls {
-		t.Run("impl="+im.name, func(t *testing.T) {
-			idx := im.new(4)
+		t.Run(im.String(), func(t *testing.T) {
+			idx := im.New(4)
 			const n = 3 * shardpool.QueueSize / 2
 			for i := range n {
 				w := kvevent.Worker{ID: kvevent.WorkerID(i % 5)}
@@ -195,9 +192,9 @@ func TestCloseDrainsAndThenRefuses(t *testing.T) {
 
 func TestBadBlockSize(t *testing.T) {
 	for _, im := range impls {
-		idx := im.new(0)
+		idx := im.New(0)
 		if _, err := idx.FindMatchesForRequest([]uint32{1, 2}, ""); err == nil {
-			t.Errorf("%s: block size 0 accepted", im.name)
+			t.Errorf("%s: block size 0 accepted", im)
 		}
 		idx.Close()
 	}
@@ -349,8 +346,8 @@ func (c churnIndexer) Size() int {
 // TestChurn: every indexer gives back what departed workers held.
 func TestChurn(t *testing.T) {
 	for _, im := range impls {
-		t.Run(im.name, func(t *testing.T) {
-			idx := im.new(4)
+		t.Run(im.String(), func(t *testing.T) {
+			idx := im.New(4)
 			defer idx.Close()
 			radixtest.Churn(t, churnIndexer{t, idx}, 1<<20)
 		})
