@@ -2,6 +2,7 @@ package replay
 
 import (
 	"cmp"
+	"context"
 	"math"
 	"slices"
 
@@ -25,6 +26,12 @@ import (
 // rejects them). The reference caches are not occupied by running requests;
 // that makes them an upper bound, not a simulation.
 func References(reqs []trace.Request, cfg Config) (pooled, unbounded float64, err error) {
+	return ReferencesContext(context.Background(), reqs, cfg)
+}
+
+// ReferencesContext is References, returning ctx's error soon after ctx
+// ends.
+func ReferencesContext(ctx context.Context, reqs []trace.Request, cfg Config) (pooled, unbounded float64, err error) {
 	if err := cfg.Validate(); err != nil {
 		return 0, 0, err
 	}
@@ -37,7 +44,10 @@ func References(reqs []trace.Request, cfg Config) (pooled, unbounded float64, er
 	var tokens []uint32
 	var local, seq []uint64
 	var prompt, pooledHits, unboundedHits int64
-	for _, i := range order {
+	for n, i := range order {
+		if n%256 == 0 && ctx.Err() != nil {
+			return 0, 0, ctx.Err()
+		}
 		tr := reqs[i]
 		if blocksFor(tr.InputLength, tr.OutputLength, cfg.BlockSize) > cfg.Blocks {
 			continue

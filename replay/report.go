@@ -37,7 +37,7 @@ func Compare(ctx context.Context, reqs []trace.Request, routers []string, cfg Co
 		Results: make([]Result, len(routers))}
 	jobs := make([]func() error, 0, len(routers)+1)
 	jobs = append(jobs, func() (err error) {
-		rep.ReusePooled, rep.ReuseUnbounded, err = References(reqs, cfg)
+		rep.ReusePooled, rep.ReuseUnbounded, err = ReferencesContext(ctx, reqs, cfg)
 		return err
 	})
 	for i, name := range routers {

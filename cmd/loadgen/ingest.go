@@ -181,7 +181,7 @@ func (c *ingestConfig) startEngines(intr *interrupt) ([]*ingestEngine, error) {
 		}
 		gen := vllm.NewSynthEngine(c.seed+uint64(i), c.blockSize, c.blocks, c.removes)
 		for b := range n {
-			if b%1024 == 0 && intr.Load() {
+			if b%32 == 0 && intr.Load() {
 				break
 			}
 			if b == e.restart {

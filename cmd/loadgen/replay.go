@@ -76,12 +76,16 @@ func runReplay(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	if err := errors.Join(c.sim.Validate(), c.out.validate()); err != nil {
 		return err
 	}
+	intr, release := watch(stop)
+	defer release()
 	reqs, traceName, err := c.work.load()
 	if err != nil {
 		return err
 	}
-	intr, release := watch(stop)
-	defer release()
+	if intr.Load() {
+		fmt.Fprintln(stdout, "interrupted while loading the trace")
+		return errInterrupted
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
