@@ -33,6 +33,13 @@ type SubscriberConfig struct {
 	BlockSize   int           // the router's KV block size
 	ReplayIdle  time.Duration // give up a replay after this long without a reply (2s)
 	ReplayTotal time.Duration // give up a replay after this long in all (2m)
+	// MaxMessageBytes refuses, before any allocation, a ZMTP frame larger
+	// than this from any peer (live or replay, TCP): the connection is
+	// dropped and counted (DefaultMaxMessageBytes).
+	MaxMessageBytes int
+	// HandshakeTimeout bounds a TCP connection's ZMTP handshake, and each
+	// dial (DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
 	// OnLoss, if set, hears every loss as it is found (from the endpoint's
 	// goroutine).
 	OnLoss func(Loss)
@@ -64,6 +71,10 @@ type SubscriberStats struct {
 	GapsLost      uint64 // gaps not (fully) filled
 	BatchesLost   uint64 // batches in those gaps, and undecodable ones
 	ApplyErrors   uint64 // events the indexer refused (closed)
+	// FramesRefused counts frames larger than MaxMessageBytes (their
+	// connections dropped); HandshakeTimeouts, peers that did not complete
+	// the handshake in time.
+	FramesRefused, HandshakeTimeouts uint64
 	Convert       ConvertStats
 	RecentLosses  []Loss // the latest losses, at most 64
 	EventsApplied uint64 // router events handed to the indexer
@@ -82,6 +93,7 @@ type Subscriber struct {
 	cancel context.CancelFunc
 	eps    []*endpoint
 	wg     sync.WaitGroup
+	guard  *guard
 
 	mu     sync.Mutex
 	losses []Loss
@@ -119,16 +131,26 @@ func NewSubscriber(idx shardpool.Indexer, cfg SubscriberConfig, eps ...Endpoint)
 	if cfg.ReplayTotal <= 0 {
 		cfg.ReplayTotal = 2 * time.Minute
 	}
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	g, err := newGuard(cfg.MaxMessageBytes, cfg.HandshakeTimeout)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Subscriber{idx: idx, cfg: cfg, ctx: ctx, cancel: cancel}
+	s := &Subscriber{idx: idx, cfg: cfg, ctx: ctx, cancel: cancel, guard: g}
 	for _, ep := range eps {
 		e := &endpoint{cfg: ep, conv: NewConverter(ep.Worker, cfg.BlockSize), msgs: make(chan zmq4.Msg, 1<<12), flushes: make(chan chan struct{}), stopped: make(chan struct{})}
-		e.sub = zmq4.NewSub(ctx, zmq4.WithDialerRetry(50*time.Millisecond), zmq4.WithAutomaticReconnect(true))
-		var err error
+		e.sub = zmq4.NewSub(ctx, zmq4.WithDialerRetry(50*time.Millisecond), zmq4.WithDialerTimeout(cfg.HandshakeTimeout),
+			zmq4.WithDialerMaxRetries(int(cfg.HandshakeTimeout/(50*time.Millisecond))), zmq4.WithAutomaticReconnect(true))
 		if ep.Listen {
-			err = e.sub.Listen(ep.Address)
+			err = e.sub.Listen(g.endpoint(ep.Address))
 		} else {
-			err = e.sub.Dial(ep.Address)
+			err = e.sub.Dial(g.endpoint(ep.Address))
 		}
 		if err == nil {
 			err = e.sub.SetOption(zmq4.OptionSubscribe, ep.Topic)
@@ -257,9 +279,9 @@ func (s *Subscriber) replay(e *endpoint, from, to uint64) (uint64, string) {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReplayTotal)
 	defer cancel()
-	dealer := zmq4.NewDealer(ctx, zmq4.WithTimeout(s.cfg.ReplayIdle))
+	dealer := zmq4.NewDealer(ctx, zmq4.WithTimeout(s.cfg.ReplayIdle), zmq4.WithDialerTimeout(s.cfg.HandshakeTimeout), zmq4.WithDialerMaxRetries(0))
 	defer dealer.Close()
-	if err := dealer.Dial(e.cfg.Replay); err != nil {
+	if err := dealer.Dial(s.guard.endpoint(e.cfg.Replay)); err != nil {
 		return from, "replay dial: " + err.Error()
 	}
 	if err := dealer.Send(zmq4.NewMsgFrom([]byte{}, seqFrame(from))); err != nil {
@@ -378,6 +400,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		Batches: s.c.batches.Load(), Replayed: s.c.replayed.Load(), BadFrames: s.c.badFrames.Load(),
 		DecodeErrors: s.c.decodeErrs.Load(), Duplicates: s.c.dups.Load(), Restarts: s.c.restarts.Load(),
 		GapsFound: s.c.gaps.Load(), GapsRepaired: s.c.repaired.Load(), GapsLost: s.c.lost.Load(),
+		FramesRefused: s.guard.refused.Load(), HandshakeTimeouts: s.guard.timeouts.Load(),
 		BatchesLost: s.c.batchesLost.Load(), ApplyErrors: s.c.applyErrs.Load(), EventsApplied: s.c.applied.Load(),
 	}
 	for _, e := range s.eps {
@@ -427,6 +450,7 @@ func (s *Subscriber) Close() error {
 		return ErrClosed
 	}
 	s.cancel()
+	s.guard.close() // unblocks reads and handshakes, whatever the peers do
 	var err error
 	for _, e := range s.eps {
 		err = errors.Join(err, e.sub.Close())

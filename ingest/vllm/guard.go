@@ -1,0 +1,256 @@
+package vllm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
+)
+
+// go-zeromq/zmq4 allocates a frame's body from the size its peer claims
+// (make([]byte, size), up to 2^63) and has no deadline on the handshake: a
+// peer can end the process with one header, or hang a dial forever. The
+// guard wraps the library's TCP transport: it reads the ZMTP stream as it
+// passes and refuses, before the library sees the whole header, a frame
+// larger than the limit; it puts a deadline on the handshake; and it can
+// close every connection it made, so that Close returns whatever the peers
+// do.
+
+// DefaultMaxMessageBytes is SubscriberConfig.MaxMessageBytes's default: far
+// above any KV event batch, far below what would hurt.
+const DefaultMaxMessageBytes = 64 << 20
+
+// DefaultHandshakeTimeout is SubscriberConfig.HandshakeTimeout's default.
+const DefaultHandshakeTimeout = 5 * time.Second
+
+// ErrFrameTooLarge is the read error of a connection whose peer announced a
+// frame larger than the limit; the connection is dropped.
+var ErrFrameTooLarge = errors.New("vllm: zmtp frame larger than the limit")
+
+// guard is one subscriber's transport: registered with zmq4 under a scheme
+// of its own, it wraps every connection dialled or accepted through it.
+type guard struct {
+	scheme    string
+	inner     transport.Transport
+	limit     uint64
+	handshake time.Duration
+	refused   atomic.Uint64 // frames refused for their size
+	timeouts  atomic.Uint64 // handshakes that ran out of time
+
+	mu     sync.Mutex
+	conns  map[*guardConn]struct{}
+	closed bool
+}
+
+var guardSeq atomic.Uint64
+
+// newGuard registers a guard for TCP endpoints. (zmq4 keeps a transport for
+// the life of the process; a guard is a few words.)
+func newGuard(limit int, handshake time.Duration) (*guard, error) {
+	g := &guard{scheme: fmt.Sprintf("kvradix-tcp-%d", guardSeq.Add(1)), inner: transport.New("tcp"),
+		limit: uint64(limit), handshake: handshake, conns: map[*guardConn]struct{}{}}
+	if err := zmq4.RegisterTransport(g.scheme, g); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// endpoint rewrites a tcp:// endpoint onto the guard; others pass as they
+// are (ipc and inproc peers are local processes of one's own).
+func (g *guard) endpoint(ep string) string {
+	if rest, ok := strings.CutPrefix(ep, "tcp://"); ok {
+		return g.scheme + "://" + rest
+	}
+	return ep
+}
+
+// Dial implements transport.Transport.
+func (g *guard) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	c, err := g.inner.Dial(ctx, d, addr)
+	if err != nil {
+		return nil, err
+	}
+	return g.wrap(c)
+}
+
+// Listen implements transport.Transport.
+func (g *guard) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	l, err := g.inner.Listen(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return guardListener{l, g}, nil
+}
+
+// Addr implements transport.Transport.
+func (g *guard) Addr(ep string) (string, error) { return g.inner.Addr(ep) }
+
+type guardListener struct {
+	net.Listener
+	g *guard
+}
+
+func (l guardListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return l.g.wrap(c)
+}
+
+func (g *guard) wrap(c net.Conn) (net.Conn, error) {
+	gc := &guardConn{Conn: c, g: g}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		c.Close()
+		return nil, net.ErrClosed
+	}
+	g.conns[gc] = struct{}{}
+	if err := c.SetReadDeadline(time.Now().Add(g.handshake)); err != nil {
+		delete(g.conns, gc)
+		c.Close()
+		return nil, err
+	}
+	return gc, nil
+}
+
+// close closes every connection and refuses new ones.
+func (g *guard) close() {
+	g.mu.Lock()
+	g.closed = true
+	conns := g.conns
+	g.conns = map[*guardConn]struct{}{}
+	g.mu.Unlock()
+	for c := range conns {
+		c.Conn.Close()
+	}
+}
+
+// guardConn is a connection whose incoming ZMTP stream is parsed as it is
+// read (the library's own reads are not touched, only cut short).
+type guardConn struct {
+	net.Conn
+	g *guard
+	p zmtpParser
+}
+
+func (c *guardConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		ok, cut := c.p.feed(b[:n], c.g.limit)
+		if !ok {
+			c.g.refused.Add(1)
+			c.Conn.Close()
+			return cut, ErrFrameTooLarge
+		}
+		if c.p.greeted() && !c.p.clearedDeadline {
+			c.p.clearedDeadline = true
+			_ = c.Conn.SetReadDeadline(time.Time{})
+		}
+	}
+	if ne, ok := err.(net.Error); ok && ne.Timeout() && !c.p.greeted() {
+		c.g.timeouts.Add(1)
+	}
+	return n, err
+}
+
+func (c *guardConn) Close() error {
+	c.g.mu.Lock()
+	delete(c.g.conns, c)
+	c.g.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// zmtpParser follows a ZMTP 3 stream: the 64-byte greeting, then frames
+// (a flags byte; a one-byte size, or with the LONG flag an eight-byte
+// one; the body). The handshake is done with the first complete command
+// (READY).
+type zmtpParser struct {
+	greeting        int // greeting bytes seen, up to 64
+	state           uint8
+	flags           byte
+	size            uint64 // the size being read, then the body left
+	sizeLeft        int    // size bytes still to come
+	commands        int    // complete command frames
+	clearedDeadline bool
+}
+
+const (
+	zFlags uint8 = iota
+	zSize
+	zBody
+)
+
+const (
+	zLong    = 0x02
+	zCommand = 0x04
+)
+
+func (p *zmtpParser) greeted() bool { return p.commands > 0 }
+
+// feed consumes b; it returns false, with how many bytes of b may still be
+// delivered (those before the offending size's last byte), if a frame
+// claims more than limit bytes.
+func (p *zmtpParser) feed(b []byte, limit uint64) (bool, int) {
+	for i := 0; i < len(b); {
+		if p.greeting < 64 {
+			k := min(64-p.greeting, len(b)-i)
+			p.greeting += k
+			i += k
+			continue
+		}
+		switch p.state {
+		case zFlags:
+			p.flags, p.size = b[i], 0
+			p.sizeLeft = 1
+			if p.flags&zLong != 0 {
+				p.sizeLeft = 8
+			}
+			p.state = zSize
+			i++
+		case zSize:
+			p.size = p.size<<8 | uint64(b[i])
+			p.sizeLeft--
+			if p.sizeLeft > 0 {
+				i++
+				continue
+			}
+			if p.size > limit {
+				return false, i
+			}
+			i++
+			p.endOrBody()
+		case zBody:
+			k := uint64(len(b) - i)
+			if k >= p.size {
+				i += int(p.size)
+				p.size = 0
+				p.endOrBody()
+				continue
+			}
+			p.size -= k
+			i = len(b)
+		}
+	}
+	return true, len(b)
+}
+
+// endOrBody moves on once a frame's size is known or its body is read.
+func (p *zmtpParser) endOrBody() {
+	if p.state == zSize && p.size > 0 {
+		p.state = zBody
+		return
+	}
+	if p.flags&zCommand != 0 {
+		p.commands++
+	}
+	p.state = zFlags
+}

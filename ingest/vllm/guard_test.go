@@ -1,0 +1,179 @@
+package vllm
+
+import (
+	"encoding/binary"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvradix/kvradix/shardpool"
+)
+
+// hostilePeer is a raw TCP listener standing in for an engine: it runs
+// behave on every connection it accepts.
+type hostilePeer struct {
+	ln    net.Listener
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newHostilePeer(t *testing.T, behave func(c net.Conn)) *hostilePeer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &hostilePeer{ln: ln}
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c)
+			p.mu.Unlock()
+			p.wg.Go(func() { behave(c) })
+		}
+	})
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *hostilePeer) addr() string { return "tcp://" + p.ln.Addr().String() }
+
+func (p *hostilePeer) close() {
+	p.ln.Close()
+	p.mu.Lock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// greet writes a ZMTP 3.0 NULL greeting and a READY command for a PUB.
+func greet(c net.Conn) error {
+	g := make([]byte, 64)
+	g[0], g[9], g[10] = 0xFF, 0x7F, 3
+	copy(g[12:], "NULL")
+	body := []byte("\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB")
+	_, err := c.Write(append(append(g, 0x04, byte(len(body))), body...))
+	return err
+}
+
+// longFrame is the header of a frame claiming size bytes.
+func longFrame(flags byte, size uint64) []byte {
+	return binary.BigEndian.AppendUint64([]byte{flags | zLong}, size)
+}
+
+func newTestSubscriber(t *testing.T, cfg SubscriberConfig, eps ...Endpoint) (*Subscriber, *shardpool.Single, error) {
+	t.Helper()
+	idx := shardpool.NewSingle(bs)
+	t.Cleanup(func() { idx.Close() })
+	cfg.BlockSize = bs
+	sub, err := NewSubscriber(idx, cfg, eps...)
+	return sub, idx, err
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// A peer whose frame header claims 2^62 bytes, after the handshake, is
+// refused before any allocation: the connection drops, the frame is
+// counted, the process lives, and the subscriber closes cleanly.
+func TestOversizedFrameIsRefused(t *testing.T) {
+	peer := newHostilePeer(t, func(c net.Conn) {
+		if greet(c) != nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond) // let the subscriber's handshake finish
+		c.Write(longFrame(0, 1<<62))
+		io.Copy(io.Discard, c)
+	})
+	sub, _, err := newTestSubscriber(t, SubscriberConfig{}, Endpoint{Worker: 1, Address: peer.addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the oversized frame to be refused", func() bool { return sub.Stats().FramesRefused >= 1 })
+	if err := sub.Close(); err != nil && !strings.Contains(err.Error(), "closed") {
+		t.Logf("close: %v", err)
+	}
+}
+
+// The same claim inside the handshake (a command frame) fails the dial,
+// not the process.
+func TestOversizedHandshakeFrameIsRefused(t *testing.T) {
+	peer := newHostilePeer(t, func(c net.Conn) {
+		g := make([]byte, 64)
+		g[0], g[9], g[10] = 0xFF, 0x7F, 3
+		copy(g[12:], "NULL")
+		c.Write(append(g, longFrame(zCommand, 1<<62)...))
+		io.Copy(io.Discard, c)
+	})
+	_, _, err := newTestSubscriber(t, SubscriberConfig{HandshakeTimeout: time.Second}, Endpoint{Worker: 1, Address: peer.addr()})
+	if err == nil {
+		t.Fatal("a peer announcing a 2^62-byte READY was accepted")
+	}
+	// The parser holds back the size's last byte, so the library never
+	// sees a complete header.
+	var p zmtpParser
+	ok, cut := p.feed(append(make([]byte, 64), longFrame(zCommand, 1<<62)...), DefaultMaxMessageBytes)
+	if ok || cut != 64+8 {
+		t.Fatalf("parser: ok %v cut %d, want refused with the size's last byte held back (72)", ok, cut)
+	}
+}
+
+// A peer that accepts TCP and never greets fails the dial within the
+// handshake timeout; a replay peer that never greets does not hold up
+// Close.
+func TestSilentPeersDoNotHang(t *testing.T) {
+	silent := newHostilePeer(t, func(c net.Conn) { io.Copy(io.Discard, c) })
+	start := time.Now()
+	_, _, err := newTestSubscriber(t, SubscriberConfig{HandshakeTimeout: 300 * time.Millisecond}, Endpoint{Worker: 1, Address: silent.addr()})
+	if err == nil {
+		t.Fatal("a peer that never greets was accepted")
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the dial took %v", took)
+	}
+
+	// A live engine whose replay endpoint is silent: the first batch seen
+	// is a gap (those before the subscription), so the subscriber dials the
+	// replay peer and waits in its handshake; Close must not wait for it.
+	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	sub, _, err := newTestSubscriber(t, SubscriberConfig{HandshakeTimeout: time.Minute},
+		Endpoint{Worker: 1, Address: pub.Addr(), Replay: silent.addr(), Topic: "kv@e@"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub.Publish([]Event{storedEvent(1)})
+	waitFor(t, "the gap", func() bool {
+		pub.Publish(nil)
+		return sub.Stats().GapsFound > 0
+	})
+	start = time.Now()
+	sub.Close()
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("Close took %v with a silent replay peer", took)
+	}
+}
+
+// storedEvent is one BlockStored of one block.
+func storedEvent(h uint64) Event {
+	return Event{Type: BlockStored, BlockHashes: []uint64{h}, TokenIDs: make([]uint32, bs), BlockSize: bs, Medium: "GPU"}
+}
