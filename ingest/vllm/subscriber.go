@@ -60,24 +60,24 @@ func (l Loss) String() string {
 
 // SubscriberStats are a subscriber's counters, summed over endpoints.
 type SubscriberStats struct {
-	Batches       uint64 // batches applied (live or replayed)
-	Replayed      uint64 // of which replayed
-	BadFrames     uint64 // live messages not [topic, 8-byte seq, payload]
-	DecodeErrors  uint64 // payloads that did not decode (each also a Loss)
-	Duplicates    uint64 // live batches seen twice, dropped
-	Restarts      uint64 // sequence went backwards: worker cleared, resynced
-	GapsFound     uint64
-	GapsRepaired  uint64 // gaps fully filled by replay
-	GapsLost      uint64 // gaps not (fully) filled
-	BatchesLost   uint64 // batches in those gaps, and undecodable ones
-	ApplyErrors   uint64 // events the indexer refused (closed)
+	Batches      uint64 // batches applied (live or replayed)
+	Replayed     uint64 // of which replayed
+	BadFrames    uint64 // live messages not [topic, 8-byte seq, payload]
+	DecodeErrors uint64 // payloads that did not decode (each also a Loss)
+	Duplicates   uint64 // live batches seen twice, dropped
+	Restarts     uint64 // sequence went backwards: worker cleared, resynced
+	GapsFound    uint64
+	GapsRepaired uint64 // gaps fully filled by replay
+	GapsLost     uint64 // gaps not (fully) filled
+	BatchesLost  uint64 // batches in those gaps, and undecodable ones
+	ApplyErrors  uint64 // events the indexer refused (closed)
 	// FramesRefused counts frames larger than MaxMessageBytes (their
 	// connections dropped); HandshakeTimeouts, peers that did not complete
 	// the handshake in time.
 	FramesRefused, HandshakeTimeouts uint64
-	Convert       ConvertStats
-	RecentLosses  []Loss // the latest losses, at most 64
-	EventsApplied uint64 // router events handed to the indexer
+	Convert                          ConvertStats
+	RecentLosses                     []Loss // the latest losses, at most 64
+	EventsApplied                    uint64 // router events handed to the indexer
 }
 
 // Subscriber receives engines' KV events over ZeroMQ, decodes and converts
