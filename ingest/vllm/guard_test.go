@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/shardpool"
 )
 
@@ -176,4 +177,42 @@ func TestSilentPeersDoNotHang(t *testing.T) {
 // storedEvent is one BlockStored of one block.
 func storedEvent(h uint64) Event {
 	return Event{Type: BlockStored, BlockHashes: []uint64{h}, TokenIDs: make([]uint32, bs), BlockSize: bs, Medium: "GPU"}
+}
+
+// Sequence numbers that the engine's ring does not hold are not believed:
+// a message claiming seq 2^63 after 1..5 neither adds 2^63 lost batches
+// nor makes the next genuine message a "restart" that clears the worker;
+// seq 2^64-1 does not wrap the expected counter; a stale message from the
+// past does not clear the worker either. The final index equals the direct
+// build of the genuine batches.
+func TestForgedSequencesAreNotBelieved(t *testing.T) {
+	want := radix.NewTree()
+	e := newEngine(t, 1, PublisherConfig{Topic: "kv@e@m", ReplayEndpoint: "x"})
+	pool := shardpool.NewPool(2, bs)
+	defer pool.Close()
+	sub, err := NewSubscriber(pool, SubscriberConfig{BlockSize: bs}, e.endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	connect(t, sub, e)
+	e.publish(t, 5, want)
+	settle(t, sub, e)
+	for _, forged := range []uint64{1 << 63, ^uint64(0) - 1, 2} {
+		if err := e.pub.PublishAt(forged, []Event{e.gen.Step()}); err != nil {
+			t.Fatal(err)
+		}
+		e.publish(t, 3, want) // the genuine stream goes on
+		settle(t, sub, e)
+	}
+	if err := e.pub.PublishAt(EndOfReplay, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, 2, want)
+	settle(t, sub, e)
+	st := sub.Stats()
+	if st.Restarts != 0 || st.BatchesLost != 0 || st.GapsLost != 0 || st.SuspectSeqs != 3 || st.BadFrames != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	sameIndex(t, pool.Index(), want)
 }

@@ -124,6 +124,19 @@ func (p *Publisher) Publish(events []Event) (uint64, error) {
 	return seq, nil
 }
 
+// PublishAt sends a batch under the given sequence number without
+// recording it in the replay ring or moving the sequence: a stray or forged
+// message, for fault injection.
+func (p *Publisher) PublishAt(seq uint64, events []Event) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrPublisherClosed
+	}
+	b := Batch{TS: float64(time.Now().UnixNano()) / 1e9, DPRank: p.cfg.DPRank, Events: events}
+	return p.pub.Send(zmq4.NewMsgFrom([]byte(p.cfg.Topic), seqFrame(seq), AppendBatch(nil, &b, p.cfg.Encoding)))
+}
+
 // Restart simulates the engine process restarting: sequence numbers start
 // again at 0 and the replay ring is emptied.
 func (p *Publisher) Restart() {

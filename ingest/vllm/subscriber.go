@@ -40,6 +40,10 @@ type SubscriberConfig struct {
 	// HandshakeTimeout bounds a TCP connection's ZMTP handshake, and each
 	// dial (DefaultHandshakeTimeout).
 	HandshakeTimeout time.Duration
+	// MaxSeqJump is the furthest ahead of the expected sequence a live
+	// message is believed without the engine's ring reaching it (10,000,
+	// vLLM's default replay buffer).
+	MaxSeqJump uint64
 	// OnLoss, if set, hears every loss as it is found (from the endpoint's
 	// goroutine).
 	OnLoss func(Loss)
@@ -66,6 +70,9 @@ type SubscriberStats struct {
 	DecodeErrors uint64 // payloads that did not decode (each also a Loss)
 	Duplicates   uint64 // live batches seen twice, dropped
 	Restarts     uint64 // sequence went backwards: worker cleared, resynced
+	// SuspectSeqs counts live messages whose sequence the engine's replay
+	// ring did not confirm (far ahead, or backwards): dropped, not believed.
+	SuspectSeqs  uint64
 	GapsFound    uint64
 	GapsRepaired uint64 // gaps fully filled by replay
 	GapsLost     uint64 // gaps not (fully) filled
@@ -98,8 +105,8 @@ type Subscriber struct {
 	mu     sync.Mutex
 	losses []Loss
 	c      struct {
-		batches, replayed, badFrames, decodeErrs, dups, restarts atomic.Uint64
-		gaps, repaired, lost, batchesLost, applyErrs, applied    atomic.Uint64
+		batches, replayed, badFrames, decodeErrs, dups, restarts, suspect atomic.Uint64
+		gaps, repaired, lost, batchesLost, applyErrs, applied             atomic.Uint64
 	}
 }
 
@@ -113,8 +120,8 @@ type endpoint struct {
 
 	// owned by the endpoint's processing goroutine
 	expected uint64
-	lastHash uint64
-	holes    bool // the current repair lost batches
+	recent   [256]applied // the latest batches applied, by seq mod 256: duplicates are recognised
+	holes    bool         // the current repair lost batches
 	rank     kvevent.DPRank
 	scratch  []kvevent.RouterEvent
 	lastSeq  atomic.Uint64 // last sequence applied, plus one (0 = none)
@@ -136,6 +143,9 @@ func NewSubscriber(idx shardpool.Indexer, cfg SubscriberConfig, eps ...Endpoint)
 	}
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.MaxSeqJump == 0 {
+		cfg.MaxSeqJump = 10000
 	}
 	g, err := newGuard(cfg.MaxMessageBytes, cfg.HandshakeTimeout)
 	if err != nil {
@@ -213,7 +223,9 @@ func (s *Subscriber) process(e *endpoint) {
 	}
 }
 
-// handle applies one live message, repairing gaps first.
+// handle applies one live message, repairing gaps first. A sequence far
+// ahead of the expected one, or behind it, is not believed on its own: the
+// engine's replay ring must hold it (see suspicious).
 func (s *Subscriber) handle(e *endpoint, msg zmq4.Msg) {
 	f := msg.Frames
 	if len(f) != 3 || len(f[1]) != 8 {
@@ -221,9 +233,16 @@ func (s *Subscriber) handle(e *endpoint, msg zmq4.Msg) {
 		return
 	}
 	seq, payload := binary.BigEndian.Uint64(f[1]), f[2]
-	if seq < e.expected {
-		if seq == e.expected-1 && xxh3.Hash(payload) == e.lastHash {
-			s.c.dups.Add(1)
+	switch {
+	case seq == EndOfReplay: // never a batch; seq+1 would wrap
+		s.c.badFrames.Add(1)
+		return
+	case seq < e.expected:
+		if r := e.recent[seq%uint64(len(e.recent))]; r.set && r.seq == seq && r.hash == xxh3.Hash(payload) {
+			s.c.dups.Add(1) // applied already (live before, or by a replay)
+			return
+		}
+		if s.suspicious(e, seq, payload) {
 			return
 		}
 		// The engine restarted: what we hold of it is stale. Received
@@ -233,6 +252,30 @@ func (s *Subscriber) handle(e *endpoint, msg zmq4.Msg) {
 		s.c.restarts.Add(1)
 		s.apply(e, []kvevent.RouterEvent{{WorkerID: e.cfg.Worker, Event: kvevent.Event{DPRank: e.rank, Data: kvevent.Cleared{}}}})
 		e.expected = 0
+	case seq-e.expected > s.cfg.MaxSeqJump:
+		// Further ahead than the engine's ring could hold: replay what it
+		// has; believe the message only if the ring reaches it.
+		s.c.gaps.Add(1)
+		e.holes = false
+		next, _, reached := s.replay(e, e.expected, seq)
+		if !reached {
+			s.c.suspect.Add(1)
+			if e.holes {
+				s.c.lost.Add(1)
+			} else {
+				s.c.repaired.Add(1)
+			}
+			return
+		}
+		if next < seq {
+			s.lose(e, next, seq-1, "older than the engine's replay buffer")
+			e.holes = true
+		}
+		if e.holes {
+			s.c.lost.Add(1)
+		} else {
+			s.c.repaired.Add(1)
+		}
 	}
 	if seq > e.expected {
 		s.repair(e, e.expected, seq)
@@ -241,11 +284,22 @@ func (s *Subscriber) handle(e *endpoint, msg zmq4.Msg) {
 	s.c.batches.Add(1)
 }
 
+// suspicious reports, and counts, a message going backwards that the
+// engine's ring does not hold: a stale or forged message, not a restart.
+// Without a replay endpoint nothing can be checked: a restart is believed.
+func (s *Subscriber) suspicious(e *endpoint, seq uint64, payload []byte) bool {
+	if e.cfg.Replay == "" || s.holds(e, seq, payload) {
+		return false
+	}
+	s.c.suspect.Add(1)
+	return true
+}
+
 // repair fills [from, to) from the engine's replay socket.
 func (s *Subscriber) repair(e *endpoint, from, to uint64) {
 	s.c.gaps.Add(1)
 	e.holes = false
-	next, reason := s.replay(e, from, to)
+	next, reason, _ := s.replay(e, from, to)
 	if next < to {
 		s.lose(e, next, to-1, reason)
 		e.holes = true
@@ -258,7 +312,11 @@ func (s *Subscriber) repair(e *endpoint, from, to uint64) {
 }
 
 func (s *Subscriber) lose(e *endpoint, first, last uint64, reason string) {
-	s.c.batchesLost.Add(last - first + 1)
+	n := last - first + 1
+	if n == 0 {
+		n = ^uint64(0) // the whole range of uint64
+	}
+	addSat(&s.c.batchesLost, n)
 	l := Loss{Worker: e.cfg.Worker, Address: e.cfg.Address, First: first, Last: last, Reason: reason}
 	s.mu.Lock()
 	if len(s.losses) == 64 {
@@ -271,45 +329,43 @@ func (s *Subscriber) lose(e *endpoint, first, last uint64, reason string) {
 	}
 }
 
-// replay asks the engine for batches from `from` and applies those below
-// `to` in order. It returns the first sequence it could not apply and why.
-func (s *Subscriber) replay(e *endpoint, from, to uint64) (uint64, string) {
+// applied is a batch applied: its sequence and payload hash.
+type applied struct {
+	seq, hash uint64
+	set       bool
+}
+
+// replayed is one reply of a replay: a batch, or the end (end set).
+type replayed struct {
+	seq     uint64
+	payload []byte
+	end     bool
+}
+
+// replayStream asks the engine for its batches from `from` and streams the
+// replies, parsed, until the end marker or stop; "" and a reason if it
+// could not ask.
+func (s *Subscriber) replayStream(ctx context.Context, e *endpoint, from uint64) (<-chan replayed, string) {
 	if e.cfg.Replay == "" {
-		return from, "no replay endpoint"
+		return nil, "no replay endpoint"
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReplayTotal)
-	defer cancel()
 	dealer := zmq4.NewDealer(ctx, zmq4.WithTimeout(s.cfg.ReplayIdle), zmq4.WithDialerTimeout(s.cfg.HandshakeTimeout), zmq4.WithDialerMaxRetries(0))
-	defer dealer.Close()
 	if err := dealer.Dial(s.guard.endpoint(e.cfg.Replay)); err != nil {
-		return from, "replay dial: " + err.Error()
+		dealer.Close()
+		return nil, "replay dial: " + err.Error()
 	}
 	if err := dealer.Send(zmq4.NewMsgFrom([]byte{}, seqFrame(from))); err != nil {
-		return from, "replay request: " + err.Error()
+		dealer.Close()
+		return nil, "replay request: " + err.Error()
 	}
-	replies := make(chan zmq4.Msg)
+	replies := make(chan replayed)
 	go func() {
 		defer close(replies)
+		defer dealer.Close()
 		for {
 			msg, err := dealer.Recv()
 			if err != nil {
 				return
-			}
-			select {
-			case replies <- msg:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	next := from
-	idle := time.NewTimer(s.cfg.ReplayIdle)
-	defer idle.Stop()
-	for {
-		select {
-		case msg, ok := <-replies:
-			if !ok {
-				return next, "replay connection ended"
 			}
 			f := msg.Frames
 			if len(f) > 0 && len(f[0]) == 0 {
@@ -321,33 +377,79 @@ func (s *Subscriber) replay(e *endpoint, from, to uint64) (uint64, string) {
 			if len(f) != 2 || len(f[0]) != 8 {
 				continue
 			}
-			seq := binary.BigEndian.Uint64(f[0])
-			if seq == EndOfReplay || len(f[1]) == 0 {
-				if next < to {
-					return next, "older than the engine's replay buffer"
-				}
-				return next, ""
+			r := replayed{seq: binary.BigEndian.Uint64(f[0]), payload: f[1]}
+			r.end = r.seq == EndOfReplay || len(r.payload) == 0
+			select {
+			case replies <- r:
+			case <-ctx.Done():
+				return
 			}
+			if r.end {
+				return
+			}
+		}
+	}()
+	return replies, ""
+}
+
+// replay asks the engine for batches from `from` and applies those below
+// `to` in order. It returns the first sequence it could not apply and why,
+// and whether the engine's ring reached `to` (a batch at or past it).
+func (s *Subscriber) replay(e *endpoint, from, to uint64) (uint64, string, bool) {
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReplayTotal)
+	defer cancel()
+	replies, why := s.replayStream(ctx, e, from)
+	if replies == nil {
+		return from, why, false
+	}
+	next := from
+	idle := time.NewTimer(s.cfg.ReplayIdle)
+	defer idle.Stop()
+	for {
+		select {
+		case r, ok := <-replies:
 			switch {
-			case seq < next:
+			case !ok:
+				return next, "replay connection ended", false
+			case r.end && next < to:
+				return next, "older than the engine's replay buffer", false
+			case r.end:
+				return next, "", false
+			case r.seq < next:
 				continue // already applied
-			case seq >= to:
-				cancel() // the rest arrives live
-				return next, ""
-			case seq > next:
-				s.lose(e, next, seq-1, "older than the engine's replay buffer")
+			case r.seq >= to:
+				return next, "", true // the rest arrives live
+			case r.seq > next:
+				s.lose(e, next, r.seq-1, "older than the engine's replay buffer")
 				e.holes = true
 			}
-			s.applyBatch(e, seq, f[1])
+			s.applyBatch(e, r.seq, r.payload)
 			s.c.batches.Add(1)
 			s.c.replayed.Add(1)
-			next = seq + 1
+			next = r.seq + 1
 			idle.Reset(s.cfg.ReplayIdle)
 		case <-idle.C:
-			return next, "replay timed out"
+			return next, "replay timed out", false
 		case <-ctx.Done():
-			return next, "replay cancelled or over its total time"
+			return next, "replay cancelled or over its total time", false
 		}
+	}
+}
+
+// holds reports whether the engine's replay ring holds batch seq with
+// this payload: the proof that a live message is the engine's own.
+func (s *Subscriber) holds(e *endpoint, seq uint64, payload []byte) bool {
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReplayIdle)
+	defer cancel()
+	replies, _ := s.replayStream(ctx, e, seq)
+	if replies == nil {
+		return false
+	}
+	select {
+	case r, ok := <-replies:
+		return ok && !r.end && r.seq == seq && xxh3.Hash(r.payload) == xxh3.Hash(payload)
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -355,7 +457,7 @@ func (s *Subscriber) replay(e *endpoint, from, to uint64) (uint64, string) {
 // expected sequence past it.
 func (s *Subscriber) applyBatch(e *endpoint, seq uint64, payload []byte) {
 	e.expected = seq + 1
-	e.lastHash = xxh3.Hash(payload)
+	e.recent[seq%uint64(len(e.recent))] = applied{seq: seq, hash: xxh3.Hash(payload), set: true}
 	e.lastSeq.Store(seq + 1)
 	b, err := DecodeBatch(payload)
 	if err != nil {
@@ -398,7 +500,7 @@ func (s *Subscriber) Received() []uint64 {
 func (s *Subscriber) Stats() SubscriberStats {
 	st := SubscriberStats{
 		Batches: s.c.batches.Load(), Replayed: s.c.replayed.Load(), BadFrames: s.c.badFrames.Load(),
-		DecodeErrors: s.c.decodeErrs.Load(), Duplicates: s.c.dups.Load(), Restarts: s.c.restarts.Load(),
+		DecodeErrors: s.c.decodeErrs.Load(), Duplicates: s.c.dups.Load(), Restarts: s.c.restarts.Load(), SuspectSeqs: s.c.suspect.Load(),
 		GapsFound: s.c.gaps.Load(), GapsRepaired: s.c.repaired.Load(), GapsLost: s.c.lost.Load(),
 		FramesRefused: s.guard.refused.Load(), HandshakeTimeouts: s.guard.timeouts.Load(),
 		BatchesLost: s.c.batchesLost.Load(), ApplyErrors: s.c.applyErrs.Load(), EventsApplied: s.c.applied.Load(),
@@ -457,4 +559,18 @@ func (s *Subscriber) Close() error {
 	}
 	s.wg.Wait()
 	return err
+}
+
+// addSat adds n to c, stopping at the largest uint64 instead of wrapping.
+func addSat(c *atomic.Uint64, n uint64) {
+	for {
+		old := c.Load()
+		v := old + n
+		if v < old {
+			v = ^uint64(0)
+		}
+		if c.CompareAndSwap(old, v) {
+			return
+		}
+	}
 }
