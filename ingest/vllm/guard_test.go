@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/shardpool"
 )
@@ -215,4 +216,46 @@ func TestForgedSequencesAreNotBelieved(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	sameIndex(t, pool.Index(), want)
+}
+
+// A publisher that goes away and comes back on the same ports (an engine
+// restarting) is reconnected to: the endpoint keeps receiving, resyncs as
+// for a restart, and the index equals the direct build.
+func TestPublisherComesBack(t *testing.T) {
+	want := radix.NewTree()
+	e := newEngine(t, 1, PublisherConfig{Topic: "kv@e@m", ReplayEndpoint: "x"})
+	pool := shardpool.NewPool(2, bs)
+	defer pool.Close()
+	sub, err := NewSubscriber(pool, SubscriberConfig{BlockSize: bs}, e.endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	connect(t, sub, e)
+	e.publish(t, 10, want)
+	settle(t, sub, e)
+	live, replay := strings.TrimPrefix(e.pub.Addr(), "tcp://"), strings.TrimPrefix(e.pub.ReplayAddr(), "tcp://")
+	e.pub.Close()
+	// The engine restarts: same ports, sequence from 0, nothing cached.
+	var p *Publisher
+	waitFor(t, "the ports to be free again", func() bool {
+		p, err = NewPublisher(PublisherConfig{Endpoint: "tcp://" + live, ReplayEndpoint: "tcp://" + replay, Topic: "kv@e@m"})
+		return err == nil
+	})
+	defer p.Close()
+	e.pub = p
+	e.gen.Restart()
+	_ = want.Apply(kvevent.RouterEvent{WorkerID: 1, Event: kvevent.Event{Data: kvevent.Cleared{}}})
+	waitFor(t, "the subscriber to reconnect", func() bool {
+		if _, err := p.Publish(nil); err != nil {
+			t.Fatal(err)
+		}
+		return sub.Stats().Restarts >= 1 && sub.Received()[0] > 0
+	})
+	e.publish(t, 10, want)
+	settle(t, sub, e)
+	sameIndex(t, pool.Index(), want)
+	if st := sub.Stats(); st.Disconnects == 0 {
+		t.Fatalf("the disconnect was not counted: %+v", st)
+	}
 }

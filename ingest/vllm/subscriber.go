@@ -72,7 +72,10 @@ type SubscriberStats struct {
 	Restarts     uint64 // sequence went backwards: worker cleared, resynced
 	// SuspectSeqs counts live messages whose sequence the engine's replay
 	// ring did not confirm (far ahead, or backwards): dropped, not believed.
-	SuspectSeqs  uint64
+	SuspectSeqs uint64
+	// Disconnects counts receive errors (a peer gone); the endpoint keeps
+	// receiving as its socket reconnects.
+	Disconnects  uint64
 	GapsFound    uint64
 	GapsRepaired uint64 // gaps fully filled by replay
 	GapsLost     uint64 // gaps not (fully) filled
@@ -105,8 +108,8 @@ type Subscriber struct {
 	mu     sync.Mutex
 	losses []Loss
 	c      struct {
-		batches, replayed, badFrames, decodeErrs, dups, restarts, suspect atomic.Uint64
-		gaps, repaired, lost, batchesLost, applyErrs, applied             atomic.Uint64
+		batches, replayed, badFrames, decodeErrs, dups, restarts, suspect, disconnects atomic.Uint64
+		gaps, repaired, lost, batchesLost, applyErrs, applied                          atomic.Uint64
 	}
 }
 
@@ -178,20 +181,46 @@ func NewSubscriber(idx shardpool.Indexer, cfg SubscriberConfig, eps ...Endpoint)
 	return s, nil
 }
 
-// receive moves messages from the socket to the endpoint's queue.
+// receive moves messages from the socket to the endpoint's queue. A
+// receive error (the peer went away) is counted and waited out with
+// backoff, the socket reconnecting underneath; whatever the peer's next
+// life sends is resynced by handle (as a restart, or a gap).
 func (s *Subscriber) receive(e *endpoint) {
 	defer s.wg.Done()
 	defer close(e.msgs)
+	const first, most = 10 * time.Millisecond, 2 * time.Second
+	backoff := first
 	for {
 		msg, err := e.sub.Recv()
 		if err != nil {
-			return
+			if s.ctx.Err() != nil {
+				return
+			}
+			s.c.disconnects.Add(1)
+			if !sleepCtx(s.ctx, backoff) {
+				return
+			}
+			backoff = min(2*backoff, most)
+			continue
 		}
+		backoff = first
 		select {
 		case e.msgs <- msg:
 		case <-s.ctx.Done():
 			return
 		}
+	}
+}
+
+// sleepCtx waits d or until ctx ends; it reports false if ctx ended.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -500,7 +529,7 @@ func (s *Subscriber) Received() []uint64 {
 func (s *Subscriber) Stats() SubscriberStats {
 	st := SubscriberStats{
 		Batches: s.c.batches.Load(), Replayed: s.c.replayed.Load(), BadFrames: s.c.badFrames.Load(),
-		DecodeErrors: s.c.decodeErrs.Load(), Duplicates: s.c.dups.Load(), Restarts: s.c.restarts.Load(), SuspectSeqs: s.c.suspect.Load(),
+		DecodeErrors: s.c.decodeErrs.Load(), Duplicates: s.c.dups.Load(), Restarts: s.c.restarts.Load(), SuspectSeqs: s.c.suspect.Load(), Disconnects: s.c.disconnects.Load(),
 		GapsFound: s.c.gaps.Load(), GapsRepaired: s.c.repaired.Load(), GapsLost: s.c.lost.Load(),
 		FramesRefused: s.guard.refused.Load(), HandshakeTimeouts: s.guard.timeouts.Load(),
 		BatchesLost: s.c.batchesLost.Load(), ApplyErrors: s.c.applyErrs.Load(), EventsApplied: s.c.applied.Load(),
