@@ -44,17 +44,19 @@ type ingestResult struct {
 
 // ingestConfig is what `loadgen ingest` was asked to do.
 type ingestConfig struct {
-	out       output
-	engines   int
-	events    int
-	perBatch  int
-	blocks    int
-	blockSize int
-	removes   float64
-	drop      float64
-	restart   bool
-	lanes     int
-	seed      uint64
+	out        output
+	engines    int
+	events     int
+	perBatch   int
+	blocks     int
+	blockSize  int
+	removes    float64
+	drop       float64
+	restart    bool
+	lanes      int
+	seed       uint64
+	cpuprofile string
+	memprofile string
 }
 
 func (c *ingestConfig) register(fs *flag.FlagSet) {
@@ -69,6 +71,8 @@ func (c *ingestConfig) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.restart, "restart", true, "restart engine 0 half way")
 	fs.IntVar(&c.lanes, "lanes", 2, "indexer lanes")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed")
+	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the timed part to `file`")
+	fs.StringVar(&c.memprofile, "memprofile", "", "write a heap profile to `file` when the engines are done")
 }
 
 func (c *ingestConfig) validate() error {
@@ -81,12 +85,32 @@ func (c *ingestConfig) validate() error {
 	return c.out.validate()
 }
 
-// ingestEngine is one mock engine: its publisher and its batches, decided
-// up front.
+// ingestEngine is one mock engine: its publisher and its batches, a
+// deterministic stream (generated as published, and again for the direct
+// build, so that no run holds them all).
 type ingestEngine struct {
 	pub     *vllm.Publisher
-	batches [][]vllm.Event
+	seed    uint64
+	n       int // batches
 	restart int // batch index to restart before; -1 for none
+}
+
+// batches calls f with each batch in order (restarted reports the batch
+// the engine restarts before); f returning false stops.
+func (e *ingestEngine) batches(c *ingestConfig, f func(b int, restarted bool, evs []vllm.Event) bool) {
+	gen := vllm.NewSynthEngine(e.seed, c.blockSize, c.blocks, c.removes)
+	for b := range e.n {
+		if b == e.restart {
+			gen.Restart()
+		}
+		evs := make([]vllm.Event, c.perBatch)
+		for k := range evs {
+			evs[k] = gen.Step()
+		}
+		if !f(b, b == e.restart, evs) {
+			return
+		}
+	}
 }
 
 // runIngest: mock vLLM engines publish over ZeroMQ on loopback into the
@@ -107,7 +131,7 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	}
 	intr, release := watch(stop)
 	defer release()
-	engs, err := c.startEngines(intr)
+	engs, err := c.startEngines()
 	defer func() {
 		for _, e := range engs {
 			e.pub.Close()
@@ -116,7 +140,7 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	if err != nil {
 		return err
 	}
-	decodeNs, payloadBytes, err := measureDecode(engs[0].batches)
+	decodeNs, payloadBytes, err := c.measureDecode(engs[0])
 	if err != nil {
 		return err
 	}
@@ -128,11 +152,19 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	}
 	defer sub.Close()
 	run := &ingestRun{c: &c, engs: engs, sub: sub, intr: intr}
+	stopProfile, err := startCPUProfile(c.cpuprofile)
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	if err := run.publish(); err != nil {
 		return err
 	}
 	if err := sub.Flush(); err != nil {
+		return err
+	}
+	stopProfile()
+	if err := writeHeapProfile(c.memprofile); err != nil {
 		return err
 	}
 	res := c.result(run, pool, time.Since(start), decodeNs)
@@ -158,10 +190,10 @@ func (c *ingestConfig) batchesPerEngine() int {
 }
 
 // startEngines binds a publisher per engine (array encoding and legacy
-// replay framing, map encoding and topic framing, alternating) and
-// generates its batches; engine 0 restarts half way if asked. An interrupt
-// cuts the batches short.
-func (c *ingestConfig) startEngines(intr *interrupt) ([]*ingestEngine, error) {
+// replay framing, map encoding and topic framing, alternating); engine 0
+// restarts half way if asked. Each keeps a ring of 1,024 batches for
+// replay.
+func (c *ingestConfig) startEngines() ([]*ingestEngine, error) {
 	n := c.batchesPerEngine()
 	var engs []*ingestEngine
 	for i := range c.engines {
@@ -170,43 +202,30 @@ func (c *ingestConfig) startEngines(intr *interrupt) ([]*ingestEngine, error) {
 			enc, framing = vllm.MapEncoding, vllm.FramingTopic
 		}
 		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0",
-			Topic: fmt.Sprintf("kv@engine-%d@model", i), Encoding: enc, Framing: framing})
+			Topic: fmt.Sprintf("kv@engine-%d@model", i), Encoding: enc, Framing: framing, BufferSteps: 1024})
 		if err != nil {
 			return engs, err
 		}
-		e := &ingestEngine{pub: pub, restart: -1}
-		engs = append(engs, e)
+		e := &ingestEngine{pub: pub, seed: c.seed + uint64(i), n: n, restart: -1}
 		if c.restart && i == 0 {
 			e.restart = n / 2
 		}
-		gen := vllm.NewSynthEngine(c.seed+uint64(i), c.blockSize, c.blocks, c.removes)
-		for b := range n {
-			if b%32 == 0 && intr.Load() {
-				break
-			}
-			if b == e.restart {
-				gen.Restart()
-			}
-			batch := make([]vllm.Event, c.perBatch)
-			for k := range batch {
-				batch[k] = gen.Step()
-			}
-			e.batches = append(e.batches, batch)
-		}
+		engs = append(engs, e)
 	}
 	return engs, nil
 }
 
-// measureDecode times decoding up to 200 of the batches (map encoding),
-// five times over: ns per event, and the mean payload size.
-func measureDecode(batches [][]vllm.Event) (float64, int, error) {
+// measureDecode times decoding e's first 200 batches (map encoding), five
+// times over: ns per event, and the mean payload size.
+func (c *ingestConfig) measureDecode(e *ingestEngine) (float64, int, error) {
 	var payloads [][]byte
 	size := 0
-	for _, b := range batches[:min(200, len(batches))] {
-		p := vllm.AppendBatch(nil, &vllm.Batch{Events: b}, vllm.MapEncoding)
+	e.batches(c, func(b int, _ bool, evs []vllm.Event) bool {
+		p := vllm.AppendBatch(nil, &vllm.Batch{Events: evs}, vllm.MapEncoding)
 		payloads = append(payloads, p)
 		size += len(p)
-	}
+		return b < 199
+	})
 	t0 := time.Now()
 	decoded := 0
 	for range 5 {
@@ -295,25 +314,26 @@ func (r *ingestRun) publish() error {
 // waits for the subscriber.
 func (r *ingestRun) engine(i int, e *ingestEngine) error {
 	var seq uint64
-	for b, evs := range e.batches {
+	var err error
+	e.batches(r.c, func(b int, restarted bool, evs []vllm.Event) bool {
 		if r.intr.Load() {
-			return nil
+			return false
 		}
-		if b == e.restart {
+		if restarted {
 			// Let the subscriber catch up first: a restart empties the
 			// replay ring, so gaps still open would be lost for real.
 			r.caughtUp(i, seq)
 			e.pub.Restart()
 			r.restarted.Add(1)
 		}
-		if b == len(e.batches)-1 {
+		if b == e.n-1 {
 			e.pub.DropLive = nil // a final drop would stay unseen
 		}
-		s, err := e.pub.Publish(evs)
-		if err != nil {
-			return err
-		}
-		seq = s
+		seq, err = e.pub.Publish(evs)
+		return err == nil
+	})
+	if err != nil {
+		return err
 	}
 	r.caughtUp(i, seq)
 	return nil
@@ -350,19 +370,21 @@ func (r *ingestRun) caughtUp(i int, seq uint64) {
 }
 
 // directBuild is the index built directly from every event the engines
-// produced, restarts included.
-func (c *ingestConfig) directBuild(engs []*ingestEngine) *radix.Tree {
-	want := radix.NewTree()
+// produced, restarts included (a CompressedTree: exact, and a tenth of the
+// Tree's memory).
+func (c *ingestConfig) directBuild(engs []*ingestEngine) radix.Index {
+	want := radix.NewCompressedTree()
 	for i, e := range engs {
 		conv := vllm.NewConverter(kvevent.WorkerID(i), c.blockSize)
-		for b, evs := range e.batches {
-			if b == e.restart {
+		e.batches(c, func(_ int, restarted bool, evs []vllm.Event) bool {
+			if restarted {
 				_ = want.Apply(kvevent.RouterEvent{WorkerID: kvevent.WorkerID(i), Event: kvevent.Event{Data: kvevent.Cleared{}}})
 			}
 			for _, ev := range conv.Convert(nil, &vllm.Batch{Events: evs}) {
 				_ = want.Apply(ev)
 			}
-		}
+			return true
+		})
 	}
 	return want
 }
@@ -384,9 +406,12 @@ func (c *ingestConfig) result(r *ingestRun, pool *shardpool.Pool, elapsed time.D
 		res.IndexDiff = "interrupted"
 		return res
 	}
+	for _, e := range r.engs {
+		e.pub.Close() // their replay rings are not needed any more
+	}
+	a, errA := radixtest.HoldingsOf(pool.Index())
 	want := c.directBuild(r.engs)
-	a, errA := radixtest.FromDump(pool.Index())
-	b, errB := radixtest.FromDump(want)
+	b, errB := radixtest.HoldingsOf(want)
 	if errA != nil || errB != nil {
 		res.IndexDiff = fmt.Sprint(errA, errB)
 		return res

@@ -222,3 +222,73 @@ func FromDump(idx radix.Index) (*Model, error) {
 	}
 	return m, nil
 }
+
+// Holdings is what an index holds, compactly: per worker, each engine hash
+// and a 64-bit chained hash of the path it names. Model keeps whole paths
+// (the right referee for small streams, quadratic in memory on deep
+// chains); Holdings compares large indexes in memory linear in their
+// pairs, at the cost of a 2^-64 chance per pair of missing a difference.
+type Holdings map[kvevent.Worker]map[uint64]uint64
+
+// HoldingsOf rebuilds an index's Holdings from its Dump.
+func HoldingsOf(idx radix.Index) (Holdings, error) {
+	h := Holdings{}
+	for i, ev := range idx.Dump() {
+		w := ev.Worker()
+		names := h[w]
+		if names == nil {
+			names = map[uint64]uint64{}
+			h[w] = names
+		}
+		switch d := ev.Event.Data.(type) {
+		case kvevent.Stored:
+			var path uint64
+			if d.HasParent {
+				p, ok := names[d.ParentHash]
+				if !ok {
+					return nil, fmt.Errorf("dump event %d: %w", i, radix.ErrParentNotFound)
+				}
+				path = p
+			}
+			for _, b := range d.Blocks {
+				path = chain(path, b.TokensHash)
+				names[b.BlockHash] = path
+			}
+		case kvevent.Removed:
+			for _, bh := range d.BlockHashes {
+				delete(names, bh)
+			}
+		default:
+			return nil, fmt.Errorf("dump event %d: unexpected %v", i, ev.Event.Data)
+		}
+	}
+	for w, names := range h {
+		if len(names) == 0 {
+			delete(h, w)
+		}
+	}
+	return h, nil
+}
+
+// chain mixes a path hash and a tokens hash (murmur3's finaliser).
+func chain(path, local uint64) uint64 {
+	x := path*0x9E3779B97F4A7C15 ^ local ^ 0x5851F42D4C957F2D
+	x ^= x >> 33
+	x *= 0xFF51AFD7ED558CCD
+	x ^= x >> 33
+	x *= 0xC4CEB9FE1A85EC53
+	return x ^ x>>33
+}
+
+// Diff describes how two Holdings differ, or returns "" when equal.
+func (h Holdings) Diff(o Holdings) string {
+	for _, pair := range [2][2]Holdings{{h, o}, {o, h}} {
+		a, b := pair[0], pair[1]
+		for w, names := range a {
+			if !maps.Equal(names, b[w]) {
+				return fmt.Sprintf("worker %v holds %d engine hashes in one and %d in the other (or different paths)", w, len(names), len(b[w]))
+			}
+		}
+	}
+	return ""
+}

@@ -1,0 +1,45 @@
+package radixtest_test
+
+import (
+	"testing"
+
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix"
+	"github.com/kvradix/kvradix/radix/radixtest"
+)
+
+// Holdings agree with the Model's verdicts: equal indexes are equal, and
+// a different path, alias or worker shows.
+func TestHoldings(t *testing.T) {
+	w := kvevent.Worker{ID: 1}
+	build := func(evs ...kvevent.RouterEvent) radix.Index {
+		tr := radix.NewTree()
+		for _, ev := range evs {
+			_ = tr.Apply(ev)
+		}
+		return tr
+	}
+	base := []kvevent.RouterEvent{radixtest.Stored(w, -1, 10, 1, 11, 2), radixtest.Stored(w, 10, 12, 3), radixtest.Removed(w, 11)}
+	a, err := radixtest.HoldingsOf(build(base...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := radixtest.HoldingsOf(build(base...))
+	if d := a.Diff(b); d != "" {
+		t.Fatalf("equal indexes differ: %s", d)
+	}
+	for name, other := range map[string][]kvevent.RouterEvent{
+		"another path":   {radixtest.Stored(w, -1, 10, 1, 11, 2), radixtest.Stored(w, 10, 12, 4), radixtest.Removed(w, 11)},
+		"an alias":       append(append([]kvevent.RouterEvent{}, base...), radixtest.Stored(w, -1, 13, 1)),
+		"another rank":   {radixtest.Stored(kvevent.Worker{ID: 1, DPRank: 1}, -1, 10, 1, 11, 2), radixtest.Stored(kvevent.Worker{ID: 1, DPRank: 1}, 10, 12, 3), radixtest.Removed(kvevent.Worker{ID: 1, DPRank: 1}, 11)},
+		"nothing at all": nil,
+	} {
+		o, err := radixtest.HoldingsOf(build(other...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Diff(o) == "" || o.Diff(a) == "" {
+			t.Errorf("%s: no difference found", name)
+		}
+	}
+}
