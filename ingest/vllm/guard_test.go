@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -266,5 +267,60 @@ func TestPublisherComesBack(t *testing.T) {
 	sameIndex(t, pool.Index(), want)
 	if st := sub.Stats(); st.Disconnects == 0 {
 		t.Fatalf("the disconnect was not counted: %+v", st)
+	}
+}
+
+// stallingIndexer blocks every event while stalled.
+type stallingIndexer struct {
+	shardpool.Indexer
+	stalled atomic.Bool
+	release chan struct{}
+}
+
+func (s *stallingIndexer) ApplyEvent(ev kvevent.RouterEvent) error {
+	if s.stalled.Load() {
+		<-s.release
+	}
+	return s.Indexer.ApplyEvent(ev)
+}
+
+// While the index stalls, what an endpoint holds is bounded in bytes, not
+// messages: the flood waits in the engine's socket; released, every batch
+// applies.
+func TestQueueIsBoundedInBytes(t *testing.T) {
+	e := newEngine(t, 1, PublisherConfig{Topic: "kv@e@m", ReplayEndpoint: "x"})
+	pool := shardpool.NewPool(2, bs)
+	defer pool.Close()
+	idx := &stallingIndexer{Indexer: pool, release: make(chan struct{})}
+	const limit = 256 << 10
+	sub, err := NewSubscriber(idx, SubscriberConfig{BlockSize: bs, MaxQueueBytes: limit}, e.endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	connect(t, sub, e)
+	idx.stalled.Store(true)
+	big := NewSynthEngine(7, bs, 64, 0)
+	for range 400 { // about 400 x 9 KB
+		if _, err := e.pub.Publish([]Event{big.Step(), big.Step()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	peak := 0
+	for range 100 {
+		q := &sub.eps[0].queue
+		q.mu.Lock()
+		peak = max(peak, q.bytes)
+		q.mu.Unlock()
+		time.Sleep(2 * time.Millisecond)
+	}
+	if peak == 0 || peak > limit+64<<10 {
+		t.Fatalf("queued %d bytes at most, want some and at most %d plus one message", peak, limit)
+	}
+	idx.stalled.Store(false)
+	close(idx.release)
+	settle(t, sub, e)
+	if st := sub.Stats(); st.BatchesLost != 0 || st.GapsLost != 0 {
+		t.Fatalf("%+v", st)
 	}
 }

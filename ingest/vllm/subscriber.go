@@ -40,6 +40,11 @@ type SubscriberConfig struct {
 	// HandshakeTimeout bounds a TCP connection's ZMTP handshake, and each
 	// dial (DefaultHandshakeTimeout).
 	HandshakeTimeout time.Duration
+	// MaxQueueBytes bounds, per endpoint, the bytes of messages received
+	// and not yet applied; past it the endpoint stops reading and the
+	// engine's socket pushes back (32 MiB; a message larger than the bound
+	// is still taken, alone).
+	MaxQueueBytes int
 	// MaxSeqJump is the furthest ahead of the expected sequence a live
 	// message is believed without the engine's ring reaching it (10,000,
 	// vLLM's default replay buffer).
@@ -120,6 +125,7 @@ type endpoint struct {
 	msgs    chan zmq4.Msg
 	flushes chan chan struct{}
 	stopped chan struct{} // closed when the processing goroutine ends
+	queue   byteBudget    // bytes in msgs
 
 	// owned by the endpoint's processing goroutine
 	expected uint64
@@ -149,6 +155,9 @@ func NewSubscriber(idx shardpool.Indexer, cfg SubscriberConfig, eps ...Endpoint)
 	}
 	if cfg.MaxSeqJump == 0 {
 		cfg.MaxSeqJump = 10000
+	}
+	if cfg.MaxQueueBytes <= 0 {
+		cfg.MaxQueueBytes = 32 << 20
 	}
 	g, err := newGuard(cfg.MaxMessageBytes, cfg.HandshakeTimeout)
 	if err != nil {
@@ -204,12 +213,65 @@ func (s *Subscriber) receive(e *endpoint) {
 			continue
 		}
 		backoff = first
+		if !e.queue.take(s.ctx, msgBytes(msg), s.cfg.MaxQueueBytes) {
+			return
+		}
 		select {
 		case e.msgs <- msg:
 		case <-s.ctx.Done():
 			return
 		}
 	}
+}
+
+func msgBytes(m zmq4.Msg) int {
+	n := 0
+	for _, f := range m.Frames {
+		n += len(f)
+	}
+	return n
+}
+
+// byteBudget bounds the bytes queued between an endpoint's goroutines.
+type byteBudget struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	bytes int
+}
+
+// take waits until n more bytes fit under limit (or nothing is queued), or
+// ctx ends (false).
+func (b *byteBudget) take(ctx context.Context, n, limit int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cond == nil {
+		b.cond = sync.NewCond(&b.mu)
+	}
+	for b.bytes > 0 && b.bytes+n > limit {
+		if ctx.Err() != nil {
+			return false
+		}
+		b.cond.Wait()
+	}
+	b.bytes += n
+	return ctx.Err() == nil
+}
+
+// give returns n bytes.
+func (b *byteBudget) give(n int) {
+	b.mu.Lock()
+	b.bytes -= n
+	b.mu.Unlock()
+	b.wake()
+}
+
+// wake wakes a taker (to re-check its context, or the budget).
+func (b *byteBudget) wake() {
+	b.mu.Lock()
+	if b.cond != nil {
+		b.cond.Broadcast()
+	}
+	b.mu.Unlock()
 }
 
 // sleepCtx waits d or until ctx ends; it reports false if ctx ended.
@@ -233,6 +295,7 @@ func (s *Subscriber) process(e *endpoint) {
 			if !ok {
 				return
 			}
+			e.queue.give(msgBytes(msg))
 			s.handle(e, msg)
 		case done := <-e.flushes:
 			for drained := false; !drained; {
@@ -242,6 +305,7 @@ func (s *Subscriber) process(e *endpoint) {
 						drained = true
 						break
 					}
+					e.queue.give(msgBytes(msg))
 					s.handle(e, msg)
 				default:
 					drained = true
@@ -582,6 +646,9 @@ func (s *Subscriber) Close() error {
 	}
 	s.cancel()
 	s.guard.close() // unblocks reads and handshakes, whatever the peers do
+	for _, e := range s.eps {
+		e.queue.wake() // a receiver waiting for room sees the cancel
+	}
 	var err error
 	for _, e := range s.eps {
 		err = errors.Join(err, e.sub.Close())
