@@ -86,13 +86,16 @@ func (c *ingestConfig) validate() error {
 }
 
 // ingestEngine is one mock engine: its publisher and its batches, a
-// deterministic stream (generated as published, and again for the direct
-// build, so that no run holds them all).
+// deterministic stream: generated and encoded before timing (a real engine
+// does both in its own process) and dropped as published, then generated
+// again for the direct build, so that nothing holds the batches twice.
 type ingestEngine struct {
 	pub     *vllm.Publisher
 	seed    uint64
 	n       int // batches
 	restart int // batch index to restart before; -1 for none
+	enc     vllm.Encoding
+	pending [][]byte // encoded before timing, dropped as published
 }
 
 // batches calls f with each batch in order (restarted reports the batch
@@ -131,7 +134,7 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	}
 	intr, release := watch(stop)
 	defer release()
-	engs, err := c.startEngines()
+	engs, err := c.startEngines(intr)
 	defer func() {
 		for _, e := range engs {
 			e.pub.Close()
@@ -190,10 +193,10 @@ func (c *ingestConfig) batchesPerEngine() int {
 }
 
 // startEngines binds a publisher per engine (array encoding and legacy
-// replay framing, map encoding and topic framing, alternating); engine 0
-// restarts half way if asked. Each keeps a ring of 1,024 batches for
-// replay.
-func (c *ingestConfig) startEngines() ([]*ingestEngine, error) {
+// replay framing, map encoding and topic framing, alternating) and
+// generates its batches (an interrupt cuts them short); engine 0 restarts
+// half way if asked. Each keeps a ring of 1,024 batches for replay.
+func (c *ingestConfig) startEngines(intr *interrupt) ([]*ingestEngine, error) {
 	n := c.batchesPerEngine()
 	var engs []*ingestEngine
 	for i := range c.engines {
@@ -206,26 +209,28 @@ func (c *ingestConfig) startEngines() ([]*ingestEngine, error) {
 		if err != nil {
 			return engs, err
 		}
-		e := &ingestEngine{pub: pub, seed: c.seed + uint64(i), n: n, restart: -1}
+		e := &ingestEngine{pub: pub, seed: c.seed + uint64(i), n: n, restart: -1, enc: enc}
 		if c.restart && i == 0 {
 			e.restart = n / 2
 		}
 		engs = append(engs, e)
+		e.pending = make([][]byte, 0, n)
+		e.batches(c, func(_ int, _ bool, evs []vllm.Event) bool {
+			e.pending = append(e.pending, vllm.AppendBatch(nil, &vllm.Batch{Events: evs}, enc))
+			return !intr.Load()
+		})
 	}
 	return engs, nil
 }
 
-// measureDecode times decoding e's first 200 batches (map encoding), five
-// times over: ns per event, and the mean payload size.
+// measureDecode times decoding e's first 200 batches (in e's encoding),
+// five times over: ns per event, and the mean payload size.
 func (c *ingestConfig) measureDecode(e *ingestEngine) (float64, int, error) {
-	var payloads [][]byte
+	payloads := e.pending[:min(200, len(e.pending))]
 	size := 0
-	e.batches(c, func(b int, _ bool, evs []vllm.Event) bool {
-		p := vllm.AppendBatch(nil, &vllm.Batch{Events: evs}, vllm.MapEncoding)
-		payloads = append(payloads, p)
+	for _, p := range payloads {
 		size += len(p)
-		return b < 199
-	})
+	}
 	t0 := time.Now()
 	decoded := 0
 	for range 5 {
@@ -314,12 +319,11 @@ func (r *ingestRun) publish() error {
 // waits for the subscriber.
 func (r *ingestRun) engine(i int, e *ingestEngine) error {
 	var seq uint64
-	var err error
-	e.batches(r.c, func(b int, restarted bool, evs []vllm.Event) bool {
+	for b, payload := range e.pending {
 		if r.intr.Load() {
-			return false
+			return nil
 		}
-		if restarted {
+		if b == e.restart {
 			// Let the subscriber catch up first: a restart empties the
 			// replay ring, so gaps still open would be lost for real.
 			r.caughtUp(i, seq)
@@ -329,11 +333,11 @@ func (r *ingestRun) engine(i int, e *ingestEngine) error {
 		if b == e.n-1 {
 			e.pub.DropLive = nil // a final drop would stay unseen
 		}
-		seq, err = e.pub.Publish(evs)
-		return err == nil
-	})
-	if err != nil {
-		return err
+		s, err := e.pub.PublishPayload(payload)
+		if err != nil {
+			return err
+		}
+		seq, e.pending[b] = s, nil
 	}
 	r.caughtUp(i, seq)
 	return nil

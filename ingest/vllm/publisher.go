@@ -49,7 +49,8 @@ type Publisher struct {
 	mu     sync.Mutex
 	closed bool
 	seq    uint64
-	ring   []ringEntry // the last BufferSteps batches, oldest first
+	ring   []ringEntry // the last BufferSteps batches, a circle: ring[head] is the oldest once full
+	head   int
 	// DropLive, when set, is asked before each live send; returning true
 	// drops the message (it stays in the replay ring), as a PUB socket does
 	// when a subscriber's queue is full. For tests and load generation.
@@ -106,14 +107,31 @@ func (p *Publisher) Publish(events []Event) (uint64, error) {
 		return 0, ErrPublisherClosed
 	}
 	b := Batch{TS: float64(time.Now().UnixNano()) / 1e9, DPRank: p.cfg.DPRank, Events: events}
-	payload := AppendBatch(nil, &b, p.cfg.Encoding)
+	return p.publish(AppendBatch(nil, &b, p.cfg.Encoding))
+}
+
+// PublishPayload publishes an already encoded batch (AppendBatch in the
+// publisher's encoding): a captured engine's traffic, or a harness that
+// encodes ahead.
+func (p *Publisher) PublishPayload(payload []byte) (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0, ErrPublisherClosed
+	}
+	return p.publish(payload)
+}
+
+// publish numbers, records and sends a payload; p.mu is held.
+func (p *Publisher) publish(payload []byte) (uint64, error) {
 	seq := p.seq
 	p.seq++
-	if len(p.ring) == p.cfg.BufferSteps {
-		copy(p.ring, p.ring[1:])
-		p.ring = p.ring[:len(p.ring)-1]
+	if len(p.ring) < p.cfg.BufferSteps {
+		p.ring = append(p.ring, ringEntry{seq, payload})
+	} else {
+		p.ring[p.head] = ringEntry{seq, payload}
+		p.head = (p.head + 1) % len(p.ring)
 	}
-	p.ring = append(p.ring, ringEntry{seq, payload})
 	if p.DropLive != nil && p.DropLive(seq) {
 		return seq, nil
 	}
@@ -143,7 +161,7 @@ func (p *Publisher) Restart() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.seq = 0
-	p.ring = nil
+	p.ring, p.head = nil, 0
 }
 
 func seqFrame(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
@@ -163,7 +181,8 @@ func (p *Publisher) serveReplay() {
 		id, start := f[0], binary.BigEndian.Uint64(f[2])
 		p.mu.Lock()
 		var batch []ringEntry
-		for _, e := range p.ring {
+		for k := range p.ring {
+			e := p.ring[(p.head+k)%len(p.ring)]
 			if e.seq >= start {
 				batch = append(batch, e)
 			}
