@@ -179,3 +179,20 @@ func TestIngestCommand(t *testing.T) {
 		t.Fatalf("%d batches dropped but no gap found", res.DroppedBatches)
 	}
 }
+
+// -faults: a disconnect, a stalled replay socket, a forged sequence and a
+// peer announcing a 2^62-byte frame, all during the run; the index still
+// equals the direct build and every fault is counted.
+func TestIngestFaults(t *testing.T) {
+	out, _, err := runArgs(t, "ingest", "-json", "-faults", "-engines", "4", "-events", "4000", "-blocks-per-event", "8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res ingestResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if !res.IndexEqual || !res.Faults || res.Disconnects == 0 || res.FramesRefused == 0 || res.SuspectSeqs != 1 || res.GapsLost != 0 || res.BatchesLost != 0 || res.Rejected != 0 {
+		t.Fatalf("%+v", res)
+	}
+}

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -37,6 +39,10 @@ type ingestResult struct {
 	Replayed       uint64  `json:"replayed_batches"`
 	Restarts       uint64  `json:"restarts"`
 	Rejected       uint64  `json:"rejected_events"`
+	Disconnects    uint64  `json:"disconnects"`
+	FramesRefused  uint64  `json:"frames_refused"`
+	SuspectSeqs    uint64  `json:"suspect_seqs"`
+	Faults         bool    `json:"faults"`
 	IndexEqual     bool    `json:"index_equal"`
 	IndexDiff      string  `json:"index_diff,omitempty"`
 	Interrupted    bool    `json:"interrupted,omitempty"`
@@ -57,6 +63,7 @@ type ingestConfig struct {
 	seed       uint64
 	cpuprofile string
 	memprofile string
+	faults     bool
 }
 
 func (c *ingestConfig) register(fs *flag.FlagSet) {
@@ -71,6 +78,7 @@ func (c *ingestConfig) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.restart, "restart", true, "restart engine 0 half way")
 	fs.IntVar(&c.lanes, "lanes", 2, "indexer lanes")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed")
+	fs.BoolVar(&c.faults, "faults", false, "inject a disconnect, a stalled replay socket, a forged sequence (engines 1, 2, 3 a third of the way) and a peer announcing a 2^62-byte frame")
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the timed part to `file`")
 	fs.StringVar(&c.memprofile, "memprofile", "", "write a heap profile to `file` when the engines are done")
 }
@@ -149,7 +157,14 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	}
 	pool := shardpool.NewPool(c.lanes, c.blockSize)
 	defer pool.Close()
-	sub, err := c.subscribe(pool, engs, intr)
+	var hostile *hostilePeer
+	if c.faults {
+		if hostile, err = newHostilePeer(); err != nil {
+			return err
+		}
+		defer hostile.close()
+	}
+	sub, err := c.subscribe(pool, engs, hostile, intr)
 	if err != nil {
 		return err
 	}
@@ -247,10 +262,13 @@ func (c *ingestConfig) measureDecode(e *ingestEngine) (float64, int, error) {
 
 // subscribe connects a subscriber to every engine and waits out PUB/SUB's
 // slow-joiner start with empty batches.
-func (c *ingestConfig) subscribe(pool *shardpool.Pool, engs []*ingestEngine, intr *interrupt) (*vllm.Subscriber, error) {
+func (c *ingestConfig) subscribe(pool *shardpool.Pool, engs []*ingestEngine, hostile *hostilePeer, intr *interrupt) (*vllm.Subscriber, error) {
 	eps := make([]vllm.Endpoint, len(engs))
 	for i, e := range engs {
 		eps[i] = vllm.Endpoint{Worker: kvevent.WorkerID(i), Address: e.pub.Addr(), Replay: e.pub.ReplayAddr(), Topic: fmt.Sprintf("kv@engine-%d@", i)}
+	}
+	if hostile != nil {
+		eps = append(eps, vllm.Endpoint{Worker: kvevent.WorkerID(len(engs)), Address: hostile.addr()})
 	}
 	sub, err := vllm.NewSubscriber(pool, vllm.SubscriberConfig{BlockSize: c.blockSize}, eps...)
 	if err != nil {
@@ -258,7 +276,7 @@ func (c *ingestConfig) subscribe(pool *shardpool.Pool, engs []*ingestEngine, int
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		ready := true
-		for i, got := range sub.Received() {
+		for i, got := range sub.Received()[:len(engs)] {
 			if got == 0 {
 				ready = false
 				if _, err := engs[i].pub.Publish(nil); err != nil {
@@ -333,6 +351,11 @@ func (r *ingestRun) engine(i int, e *ingestEngine) error {
 		if b == e.n-1 {
 			e.pub.DropLive = nil // a final drop would stay unseen
 		}
+		if r.c.faults && b == e.n/3 {
+			if err := r.inject(i, e, seq); err != nil {
+				return err
+			}
+		}
 		s, err := e.pub.PublishPayload(payload)
 		if err != nil {
 			return err
@@ -340,6 +363,35 @@ func (r *ingestRun) engine(i int, e *ingestEngine) error {
 		seq, e.pending[b] = s, nil
 	}
 	r.caughtUp(i, seq)
+	return nil
+}
+
+// inject makes engine i's fault (-faults), after batch seq: engine 1
+// disconnects (its live socket closes and binds again; the engine waits for
+// its subscriber to be back, so the gap fits in its ring), engine 2's replay
+// socket stalls every answer half a second and its next batch is lost on
+// the wire (so a replay must wait), engine 3 sends a batch under a forged
+// sequence (2^63).
+func (r *ingestRun) inject(i int, e *ingestEngine, seq uint64) error {
+	switch i % 4 {
+	case 1:
+		if err := e.pub.Rebind(); err != nil {
+			return err
+		}
+		r.caughtUp(i, seq)
+	case 2:
+		e.pub.ReplayDelay.Store(int64(500 * time.Millisecond))
+		drop, once := e.pub.DropLive, true
+		e.pub.DropLive = func(seq uint64) bool {
+			if once {
+				once = false
+				return true
+			}
+			return drop != nil && drop(seq)
+		}
+	case 3:
+		return e.pub.PublishAt(1<<63, []vllm.Event{{Type: vllm.BlockRemoved, BlockHashes: []uint64{1}}})
+	}
 	return nil
 }
 
@@ -404,6 +456,7 @@ func (c *ingestConfig) result(r *ingestRun, pool *shardpool.Pool, elapsed time.D
 		DecodeNsEvent: decodeNs, DroppedBatches: int(r.dropped.Load()),
 		GapsFound: st.GapsFound, GapsRepaired: st.GapsRepaired, GapsLost: st.GapsLost, BatchesLost: st.BatchesLost,
 		Replayed: st.Replayed, Restarts: st.Restarts, Rejected: st.Convert.Rejected() + pool.Stats().Rejected(),
+		Disconnects: st.Disconnects, FramesRefused: st.FramesRefused, SuspectSeqs: st.SuspectSeqs, Faults: c.faults,
 		Interrupted: r.intr.Load(),
 	}
 	if res.Interrupted {
@@ -434,6 +487,7 @@ func printIngest(w io.Writer, res ingestResult, payloadBytes int) {
 	fmt.Fprintf(tw, "gaps\t%d batches dropped on the wire; %d gaps found, %d repaired (%d batches replayed), %d lost (%d batches)\n",
 		res.DroppedBatches, res.GapsFound, res.GapsRepaired, res.Replayed, res.GapsLost, res.BatchesLost)
 	fmt.Fprintf(tw, "restarts\t%d\n", res.Restarts)
+	fmt.Fprintf(tw, "faults\t%v: %d disconnects, %d frames refused, %d suspect sequences\n", res.Faults, res.Disconnects, res.FramesRefused, res.SuspectSeqs)
 	fmt.Fprintf(tw, "rejected\t%d events\n", res.Rejected)
 	fmt.Fprintf(tw, "final index\tequal to the direct build: %v %s\n", res.IndexEqual, res.IndexDiff)
 	tw.Flush()
@@ -442,4 +496,54 @@ func printIngest(w io.Writer, res ingestResult, payloadBytes int) {
 func printIngestBench(w io.Writer, res ingestResult) {
 	fmt.Fprintf(w, "pkg: github.com/kvradix/kvradix/cmd/loadgen\nBenchmarkIngest/engines=%d/blocks=%d 1 %.0f ns/op %.0f events/s %.0f blocks/s %.0f decode-ns/event\n",
 		res.Engines, res.BlocksPerEvent, res.ElapsedS*1e9, res.EventsS, res.BlocksS, res.DecodeNsEvent)
+}
+
+// hostilePeer is an "engine" that greets like a PUB, then announces a
+// frame of 2^62 bytes (-faults); it does so on every connection.
+type hostilePeer struct {
+	ln net.Listener
+	wg sync.WaitGroup
+}
+
+func newHostilePeer() (*hostilePeer, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	h := &hostilePeer{ln: ln}
+	h.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			h.wg.Go(func() { h.serve(c) })
+		}
+	})
+	return h, nil
+}
+
+func (h *hostilePeer) addr() string { return "tcp://" + h.ln.Addr().String() }
+
+// serve writes a ZMTP 3.0 NULL greeting, a READY for a PUB, then the header
+// of a frame claiming 2^62 bytes, and waits for the other side to hang up.
+func (h *hostilePeer) serve(c net.Conn) {
+	defer c.Close()
+	greeting := make([]byte, 64)
+	greeting[0], greeting[9], greeting[10] = 0xFF, 0x7F, 3
+	copy(greeting[12:], "NULL")
+	ready := []byte("\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB")
+	msg := append(append(greeting, 0x04, byte(len(ready))), ready...)
+	if _, err := c.Write(msg); err != nil {
+		return
+	}
+	time.Sleep(100 * time.Millisecond)
+	_, _ = c.Write(binary.BigEndian.AppendUint64([]byte{0x02}, 1<<62))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, _ = io.Copy(io.Discard, c)
+}
+
+func (h *hostilePeer) close() {
+	h.ln.Close()
+	h.wg.Wait()
 }

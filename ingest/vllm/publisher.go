@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -55,6 +56,10 @@ type Publisher struct {
 	// drops the message (it stays in the replay ring), as a PUB socket does
 	// when a subscriber's queue is full. For tests and load generation.
 	DropLive func(seq uint64) bool
+	// ReplayDelay, when set, delays every replay answer by its value: a
+	// stalled replay socket, for fault injection.
+	ReplayDelay atomic.Int64 // nanoseconds
+	ctx         context.Context
 }
 
 type ringEntry struct {
@@ -68,7 +73,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		cfg.BufferSteps = 10000
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Publisher{cfg: cfg, cancel: cancel, pub: zmq4.NewPub(ctx)}
+	p := &Publisher{cfg: cfg, cancel: cancel, pub: zmq4.NewPub(ctx), ctx: ctx}
 	if err := p.pub.Listen(cfg.Endpoint); err != nil {
 		cancel()
 		p.pub.Close()
@@ -155,6 +160,30 @@ func (p *Publisher) PublishAt(seq uint64, events []Event) error {
 	return p.pub.Send(zmq4.NewMsgFrom([]byte(p.cfg.Topic), seqFrame(seq), AppendBatch(nil, &b, p.cfg.Encoding)))
 }
 
+// Rebind closes the live socket and binds it again on the same address: its
+// subscribers lose the connection (and whatever is published meanwhile),
+// reconnect, and repair from the ring; the sequence and the ring go on. A
+// disconnect, for fault injection.
+func (p *Publisher) Rebind() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrPublisherClosed
+	}
+	addr := p.Addr()
+	p.pub.Close()
+	p.pub = zmq4.NewPub(p.ctx)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		err := p.pub.Listen(addr)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("vllm: publisher: rebind %s: %w", addr, err)
+		}
+	}
+}
+
 // Restart simulates the engine process restarting: sequence numbers start
 // again at 0 and the replay ring is emptied.
 func (p *Publisher) Restart() {
@@ -179,6 +208,9 @@ func (p *Publisher) serveReplay() {
 			continue // vLLM logs and ignores anything else
 		}
 		id, start := f[0], binary.BigEndian.Uint64(f[2])
+		if d := time.Duration(p.ReplayDelay.Load()); d > 0 {
+			time.Sleep(d)
+		}
 		p.mu.Lock()
 		var batch []ringEntry
 		for k := range p.ring {

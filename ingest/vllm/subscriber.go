@@ -377,14 +377,26 @@ func (s *Subscriber) handle(e *endpoint, msg zmq4.Msg) {
 	s.c.batches.Add(1)
 }
 
-// suspicious reports, and counts, a message going backwards that the
-// engine's ring does not hold: a stale or forged message, not a restart.
-// Without a replay endpoint nothing can be checked: a restart is believed.
+// suspicious reports, and counts, a message going backwards that is not
+// the engine's new life. The engine restarted only if its ring holds the
+// message and no longer holds the last batch applied from it; a message the
+// ring holds beside that batch is a late duplicate (a reconnect can deliver
+// the old connection's last messages after the new one's), and one the
+// ring does not hold at all is stale or forged. Without a replay endpoint
+// nothing can be checked: a restart is believed.
 func (s *Subscriber) suspicious(e *endpoint, seq uint64, payload []byte) bool {
-	if e.cfg.Replay == "" || s.holds(e, seq, payload) {
+	if e.cfg.Replay == "" {
 		return false
 	}
-	s.c.suspect.Add(1)
+	last := e.recent[(e.expected-1)%uint64(len(e.recent))]
+	switch {
+	case !s.holds(e, seq, xxh3.Hash(payload)):
+		s.c.suspect.Add(1)
+	case last.set && last.seq == e.expected-1 && s.holds(e, last.seq, last.hash):
+		s.c.dups.Add(1)
+	default:
+		return false
+	}
 	return true
 }
 
@@ -529,9 +541,9 @@ func (s *Subscriber) replay(e *endpoint, from, to uint64) (uint64, string, bool)
 	}
 }
 
-// holds reports whether the engine's replay ring holds batch seq with
-// this payload: the proof that a live message is the engine's own.
-func (s *Subscriber) holds(e *endpoint, seq uint64, payload []byte) bool {
+// holds reports whether the engine's replay ring holds batch seq with a
+// payload of this hash: the proof that a message is the engine's own.
+func (s *Subscriber) holds(e *endpoint, seq uint64, hash uint64) bool {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReplayIdle)
 	defer cancel()
 	replies, _ := s.replayStream(ctx, e, seq)
@@ -540,7 +552,7 @@ func (s *Subscriber) holds(e *endpoint, seq uint64, payload []byte) bool {
 	}
 	select {
 	case r, ok := <-replies:
-		return ok && !r.end && r.seq == seq && xxh3.Hash(r.payload) == xxh3.Hash(payload)
+		return ok && !r.end && r.seq == seq && xxh3.Hash(r.payload) == hash
 	case <-ctx.Done():
 		return false
 	}
