@@ -776,7 +776,10 @@ func asBytes(s []uint64) string {
 }
 
 // Dump implements Index.
-func (t *CompressedTree) Dump() []kvevent.RouterEvent {
+func (t *CompressedTree) Dump() []kvevent.RouterEvent { return collect(t.dumpEach) }
+
+// dumpEach yields what Dump returns (see DumpEach).
+func (t *CompressedTree) dumpEach(yield func(kvevent.RouterEvent)) {
 	t.ready()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -798,7 +801,7 @@ func (t *CompressedTree) Dump() []kvevent.RouterEvent {
 		starts[r] = d
 		return d
 	}
-	d := &dumper[uint64]{root: 0}
+	d := &dumper[uint64]{root: 0, yield: yield}
 	var pairs []pair
 	for w, xw := range t.workers {
 		xw.eng.each(func(h, loc uint64) {
@@ -838,5 +841,5 @@ func (t *CompressedTree) Dump() []kvevent.RouterEvent {
 	for _, p := range pairs {
 		d.emit(p.w, p.loc)
 	}
-	return d.finish()
+	d.finish()
 }

@@ -597,7 +597,10 @@ func sameSlots(a, b []uint32) bool {
 }
 
 // Dump implements Index. It must not run concurrently with writers.
-func (t *ConcurrentTree) Dump() []kvevent.RouterEvent {
+func (t *ConcurrentTree) Dump() []kvevent.RouterEvent { return collect(t.dumpEach) }
+
+// dumpEach yields what Dump returns (see DumpEach).
+func (t *ConcurrentTree) dumpEach(yield func(kvevent.RouterEvent)) {
 	t.ready()
 	type pair struct {
 		w     kvevent.Worker
@@ -616,7 +619,7 @@ func (t *ConcurrentTree) Dump() []kvevent.RouterEvent {
 		depths[k] = d
 		return d
 	}
-	d := &dumper[uint64]{root: rootKey}
+	d := &dumper[uint64]{root: rootKey, yield: yield}
 	t.workers.Range(func(w kvevent.Worker, cw *cworker) bool {
 		for h, k := range cw.lookup {
 			if _, seen := d.held[w][k]; !seen {
@@ -649,5 +652,5 @@ func (t *ConcurrentTree) Dump() []kvevent.RouterEvent {
 	for _, p := range pairs {
 		d.emit(p.w, p.key)
 	}
-	return d.finish()
+	d.finish()
 }

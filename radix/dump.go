@@ -25,9 +25,10 @@ type dumper[N comparable] struct {
 
 	placeholders map[kvevent.Worker]map[N]uint64
 	used         map[kvevent.Worker]map[uint64]bool
-	events       []kvevent.RouterEvent
 	removals     []kvevent.RouterEvent
 	nextHash     uint64
+	yield        func(kvevent.RouterEvent) // hears every event, in order
+	n            uint64                    // events yielded so far
 }
 
 // emit appends the Stored events of w holding n, one per alias. The parent
@@ -109,7 +110,7 @@ func (d *dumper[N]) freshHash(w kvevent.Worker) uint64 {
 }
 
 func (d *dumper[N]) store(w kvevent.Worker, parent uint64, hasParent bool, blk kvevent.StoredBlock) {
-	d.events = append(d.events, kvevent.RouterEvent{
+	d.emitEvent(kvevent.RouterEvent{
 		WorkerID: w.ID,
 		Event: kvevent.Event{DPRank: w.DPRank, Data: kvevent.Stored{
 			HasParent: hasParent, ParentHash: parent, Blocks: []kvevent.StoredBlock{blk},
@@ -117,11 +118,38 @@ func (d *dumper[N]) store(w kvevent.Worker, parent uint64, hasParent bool, blk k
 	})
 }
 
-// finish returns the events, placeholder removals last, numbered in order.
-func (d *dumper[N]) finish() []kvevent.RouterEvent {
-	out := slices.Concat(d.events, d.removals)
-	for i := range out {
-		out[i].Event.ID = uint64(i)
+// emitEvent numbers ev and yields it.
+func (d *dumper[N]) emitEvent(ev kvevent.RouterEvent) {
+	ev.Event.ID = d.n
+	d.n++
+	d.yield(ev)
+}
+
+// finish yields the placeholder removals, last.
+func (d *dumper[N]) finish() {
+	for _, ev := range d.removals {
+		d.emitEvent(ev)
 	}
+}
+
+// collect returns what dump yields, as a slice.
+func collect(dump func(yield func(kvevent.RouterEvent))) []kvevent.RouterEvent {
+	var out []kvevent.RouterEvent
+	dump(func(ev kvevent.RouterEvent) { out = append(out, ev) })
 	return out
+}
+
+// DumpEach calls yield with the events idx.Dump would return, in order,
+// without holding them all: for dumping large indexes. Indexes of this
+// package stream; others fall back to Dump.
+func DumpEach(idx Index, yield func(kvevent.RouterEvent)) {
+	if s, ok := idx.(interface {
+		dumpEach(func(kvevent.RouterEvent))
+	}); ok {
+		s.dumpEach(yield)
+		return
+	}
+	for _, ev := range idx.Dump() {
+		yield(ev)
+	}
 }

@@ -223,9 +223,13 @@ func (t *Tree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
 
 // Dump implements Index. It walks the tree breadth first, so parents come
 // before children.
-func (t *Tree) Dump() []kvevent.RouterEvent {
+func (t *Tree) Dump() []kvevent.RouterEvent { return collect(t.dumpEach) }
+
+// dumpEach yields what Dump returns (see DumpEach).
+func (t *Tree) dumpEach(yield func(kvevent.RouterEvent)) {
 	t.ready()
 	d := &dumper[*node]{
+		yield:  yield,
 		root:   t.root,
 		key:    func(n *node) uint64 { return n.key },
 		parent: func(n *node) *node { return n.parent },
@@ -259,5 +263,5 @@ func (t *Tree) Dump() []kvevent.RouterEvent {
 			queue = append(queue, n.children[k])
 		}
 	}
-	return d.finish()
+	d.finish()
 }

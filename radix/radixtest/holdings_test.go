@@ -1,6 +1,7 @@
 package radixtest_test
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/kvradix/kvradix/kvevent"
@@ -40,6 +41,33 @@ func TestHoldings(t *testing.T) {
 		}
 		if a.Diff(o) == "" || o.Diff(a) == "" {
 			t.Errorf("%s: no difference found", name)
+		}
+	}
+}
+
+// Holdings applied straight from an event stream equal the Holdings of a
+// Tree fed the same stream: the same semantics, aliases and rejections
+// included.
+func TestHoldingsApplyMatchesTheTree(t *testing.T) {
+	for seed := range uint64(20) {
+		g := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, 1)), Model: radixtest.NewModel()}
+		tr := radix.NewTree()
+		h := radixtest.Holdings{}
+		for range 400 {
+			op := g.Next()
+			if op.Kind != radixtest.OpEvent {
+				continue
+			}
+			_ = g.Model.Apply(op.Event)
+			_ = tr.Apply(op.Event)
+			_ = h.Apply(op.Event)
+		}
+		want, err := radixtest.HoldingsOf(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := h.Diff(want); d != "" {
+			t.Fatalf("seed %d: %s", seed, d)
 		}
 	}
 }

@@ -230,44 +230,63 @@ func FromDump(idx radix.Index) (*Model, error) {
 // pairs, at the cost of a 2^-64 chance per pair of missing a difference.
 type Holdings map[kvevent.Worker]map[uint64]uint64
 
-// HoldingsOf rebuilds an index's Holdings from its Dump.
+// HoldingsOf rebuilds an index's Holdings from its Dump, streamed
+// (radix.DumpEach).
 func HoldingsOf(idx radix.Index) (Holdings, error) {
 	h := Holdings{}
-	for i, ev := range idx.Dump() {
-		w := ev.Worker()
-		names := h[w]
+	var err error
+	radix.DumpEach(idx, func(ev kvevent.RouterEvent) {
+		if e := h.Apply(ev); e != nil && err == nil {
+			err = fmt.Errorf("dump event %d: %w", ev.Event.ID, e)
+		}
+	})
+	return h, err
+}
+
+// Apply applies an event with the semantics of package radix (engine-hash
+// aliases included; a rejected event changes nothing), so that Holdings can
+// be built straight from an event stream.
+func (h Holdings) Apply(ev kvevent.RouterEvent) error {
+	w := ev.Worker()
+	names := h[w]
+	switch d := ev.Event.Data.(type) {
+	case kvevent.Stored:
+		var path uint64
+		if d.HasParent {
+			p, ok := names[d.ParentHash]
+			if !ok {
+				return radix.ErrParentNotFound
+			}
+			path = p
+		}
+		parent, has := d.ParentHash, d.HasParent
+		for _, b := range d.Blocks {
+			if has && b.BlockHash == parent {
+				return radix.ErrInvalidSequence
+			}
+			parent, has = b.BlockHash, true
+		}
 		if names == nil {
 			names = map[uint64]uint64{}
 			h[w] = names
 		}
-		switch d := ev.Event.Data.(type) {
-		case kvevent.Stored:
-			var path uint64
-			if d.HasParent {
-				p, ok := names[d.ParentHash]
-				if !ok {
-					return nil, fmt.Errorf("dump event %d: %w", i, radix.ErrParentNotFound)
-				}
-				path = p
-			}
-			for _, b := range d.Blocks {
-				path = chain(path, b.TokensHash)
-				names[b.BlockHash] = path
-			}
-		case kvevent.Removed:
-			for _, bh := range d.BlockHashes {
-				delete(names, bh)
-			}
-		default:
-			return nil, fmt.Errorf("dump event %d: unexpected %v", i, ev.Event.Data)
+		for _, b := range d.Blocks {
+			path = chain(path, b.TokensHash)
+			names[b.BlockHash] = path
 		}
-	}
-	for w, names := range h {
+	case kvevent.Removed:
+		for _, bh := range d.BlockHashes {
+			delete(names, bh)
+		}
 		if len(names) == 0 {
 			delete(h, w)
 		}
+	case kvevent.Cleared:
+		delete(h, w)
+	default:
+		return radix.ErrInvalidEvent
 	}
-	return h, nil
+	return nil
 }
 
 // chain mixes a path hash and a tokens hash (murmur3's finaliser).
