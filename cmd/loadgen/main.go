@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -87,6 +88,19 @@ func (i *interrupt) sleep(d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// context returns a context cancelled by the interrupt (or by cancel).
+func (i *interrupt) context() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-i.c:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // errInterrupted is every command's error after SIGINT; the output before

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -56,15 +55,8 @@ func runRepeated(args []string, n int, out output, stdout, stderr io.Writer, int
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := intr.context()
 	defer cancel()
-	go func() {
-		select {
-		case <-intr.C():
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	rep := repeatReport{Command: commandLine("indexer", args), Repeat: n}
 	for k := range n {
 		cmd := exec.CommandContext(ctx, exe, append(append([]string{"indexer"}, args...), "-repeat", "1", "-format", "json", "-quiet")...)

@@ -86,15 +86,8 @@ func runReplay(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 		fmt.Fprintln(stdout, "interrupted while loading the trace")
 		return errInterrupted
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := intr.context()
 	defer cancel()
-	go func() {
-		select {
-		case <-intr.C():
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	command := commandLine("replay", args)
 	if len(c.sweep) > 0 {
 		rep, err := replay.Sweep(ctx, reqs, c.sweep, c.sim)

@@ -198,15 +198,7 @@ func storedEvent(h uint64) Event {
 // build of the genuine batches.
 func TestForgedSequencesAreNotBelieved(t *testing.T) {
 	want := radix.NewTree()
-	e := newEngine(t, 1, PublisherConfig{Topic: "kv@e@m", ReplayEndpoint: "x"})
-	pool := shardpool.NewPool(2, bs)
-	defer pool.Close()
-	sub, err := NewSubscriber(pool, SubscriberConfig{BlockSize: bs}, e.endpoint())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	connect(t, sub, e)
+	e, pool, sub := connectedEngine(t)
 	e.publish(t, 5, want)
 	settle(t, sub, e)
 	for _, forged := range []uint64{1 << 63, ^uint64(0) - 1, 2} {
@@ -228,20 +220,28 @@ func TestForgedSequencesAreNotBelieved(t *testing.T) {
 	sameIndex(t, pool.Index(), want)
 }
 
+// connectedEngine is an engine with a replay ring, and a subscriber over a
+// pool connected to it.
+func connectedEngine(t *testing.T) (*engineUnderTest, *shardpool.Pool, *Subscriber) {
+	t.Helper()
+	e := newEngine(t, 1, PublisherConfig{Topic: "kv@e@m", ReplayEndpoint: "x"})
+	pool := shardpool.NewPool(2, bs)
+	t.Cleanup(func() { pool.Close() })
+	sub, err := NewSubscriber(pool, SubscriberConfig{BlockSize: bs}, e.endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Close() })
+	connect(t, sub, e)
+	return e, pool, sub
+}
+
 // A publisher that goes away and comes back on the same ports (an engine
 // restarting) is reconnected to: the endpoint keeps receiving, resyncs as
 // for a restart, and the index equals the direct build.
 func TestPublisherComesBack(t *testing.T) {
 	want := radix.NewTree()
-	e := newEngine(t, 1, PublisherConfig{Topic: "kv@e@m", ReplayEndpoint: "x"})
-	pool := shardpool.NewPool(2, bs)
-	defer pool.Close()
-	sub, err := NewSubscriber(pool, SubscriberConfig{BlockSize: bs}, e.endpoint())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	connect(t, sub, e)
+	e, pool, sub := connectedEngine(t)
 	e.publish(t, 10, want)
 	settle(t, sub, e)
 	live, replay := strings.TrimPrefix(e.pub.Addr(), "tcp://"), strings.TrimPrefix(e.pub.ReplayAddr(), "tcp://")
@@ -249,6 +249,7 @@ func TestPublisherComesBack(t *testing.T) {
 	// The engine restarts: same ports, sequence from 0, nothing cached.
 	var p *Publisher
 	waitFor(t, "the ports to be free again", func() bool {
+		var err error
 		p, err = NewPublisher(PublisherConfig{Endpoint: "tcp://" + live, ReplayEndpoint: "tcp://" + replay, Topic: "kv@e@m"})
 		return err == nil
 	})
