@@ -325,3 +325,49 @@ func TestQueueIsBoundedInBytes(t *testing.T) {
 		t.Fatalf("%+v", st)
 	}
 }
+
+// FuzzZMTPParser: any byte stream, in any chunking, is parsed without
+// panic; a refusal holds back at most the bytes of the offending size, and
+// a stream of frames within the limit is never refused.
+func FuzzZMTPParser(f *testing.F) {
+	f.Add(append(make([]byte, 64), 0x04, 0x02, 'h', 'i'), uint16(7), uint64(1024))
+	f.Add(append(make([]byte, 64), longFrame(zCommand, 1<<62)...), uint16(3), uint64(1<<20))
+	f.Fuzz(func(t *testing.T, stream []byte, chunk uint16, limit uint64) {
+		var p zmtpParser
+		step := int(chunk%97) + 1
+		for i := 0; i < len(stream); i += step {
+			b := stream[i:min(i+step, len(stream))]
+			ok, cut := p.feed(b, limit)
+			if cut < 0 || cut > len(b) || (ok && cut != len(b)) {
+				t.Fatalf("ok %v cut %d of %d", ok, cut, len(b))
+			}
+			if !ok {
+				return
+			}
+		}
+	})
+}
+
+// Frames within the limit, however chunked, pass and count their commands.
+func TestZMTPParserFrames(t *testing.T) {
+	s := make([]byte, 64)
+	s = append(s, 0x04, 0x03, 'a', 'b', 'c') // a short command
+	s = append(s, longFrame(0, 300)...)      // a long message frame
+	s = append(s, make([]byte, 300)...)
+	s = append(s, 0x00, 0x00) // an empty frame
+	for step := 1; step <= len(s); step++ {
+		var p zmtpParser
+		for i := 0; i < len(s); i += step {
+			if ok, _ := p.feed(s[i:min(i+step, len(s))], 300); !ok {
+				t.Fatalf("step %d: a 300-byte frame refused at limit 300", step)
+			}
+		}
+		if p.commands != 1 || p.state != zFlags || p.greeting != 64 {
+			t.Fatalf("step %d: %+v", step, p)
+		}
+	}
+	var p zmtpParser
+	if ok, _ := p.feed(s, 299); ok {
+		t.Fatal("a 300-byte frame passed at limit 299")
+	}
+}
