@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/binary"
 	"flag"
 	"fmt"
@@ -230,8 +231,10 @@ func (c *ingestConfig) startEngines(intr *interrupt) ([]*ingestEngine, error) {
 		}
 		engs = append(engs, e)
 		e.pending = make([][]byte, 0, n)
+		var buf []byte
 		e.batches(c, func(_ int, _ bool, evs []vllm.Event) bool {
-			e.pending = append(e.pending, vllm.AppendBatch(nil, &vllm.Batch{Events: evs}, enc))
+			buf = vllm.AppendBatch(buf[:0], &vllm.Batch{Events: evs}, enc)
+			e.pending = append(e.pending, bytes.Clone(buf)) // exact size: no spare capacity held
 			return !intr.Load()
 		})
 	}

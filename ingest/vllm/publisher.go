@@ -1,6 +1,7 @@
 package vllm
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -52,6 +53,7 @@ type Publisher struct {
 	seq    uint64
 	ring   []ringEntry // the last BufferSteps batches, a circle: ring[head] is the oldest once full
 	head   int
+	buf    []byte // encoding scratch
 	// DropLive, when set, is asked before each live send; returning true
 	// drops the message (it stays in the replay ring), as a PUB socket does
 	// when a subscriber's queue is full. For tests and load generation.
@@ -112,7 +114,10 @@ func (p *Publisher) Publish(events []Event) (uint64, error) {
 		return 0, ErrPublisherClosed
 	}
 	b := Batch{TS: float64(time.Now().UnixNano()) / 1e9, DPRank: p.cfg.DPRank, Events: events}
-	return p.publish(AppendBatch(nil, &b, p.cfg.Encoding))
+	// Encode into a reused buffer and keep an exact copy: an appended
+	// buffer's spare capacity (up to half of it) would sit in the ring.
+	p.buf = AppendBatch(p.buf[:0], &b, p.cfg.Encoding)
+	return p.publish(bytes.Clone(p.buf))
 }
 
 // PublishPayload publishes an already encoded batch (AppendBatch in the
