@@ -1,0 +1,291 @@
+// Package cluster runs kvradix router replicas over NATS JetStream, so that
+// several routers share one truth about the workers' caches.
+//
+// Engines (or an ingest subscriber) publish their RouterEvents to one
+// stream, one subject per worker and rank, each with a message id (worker,
+// rank, event id) so that the server's duplicate window drops re-sends.
+// Every replica follows the whole stream in order into its own indexer
+// (Follow), and writes snapshots of its index with the stream sequence they
+// reflect to an object store (Snapshot); a new or restarted replica starts
+// from the newest snapshot and follows from the next sequence (Restore).
+//
+// The server is embedded by default (StartEmbedded: a random loopback
+// port, JetStream on a directory of the caller's), or any NATS cluster by
+// URL.
+//
+// This package is the event bus and the snapshots; sharing in-flight load
+// between replicas is not built yet.
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix"
+	"github.com/kvradix/kvradix/shardpool"
+)
+
+// Server is an embedded NATS server with JetStream.
+type Server struct {
+	s *server.Server
+}
+
+// StartEmbedded starts a NATS server on a random loopback port with
+// JetStream storing under dir.
+func StartEmbedded(dir string) (*Server, error) { return StartEmbeddedOn(dir, server.RANDOM_PORT) }
+
+// StartEmbeddedOn is StartEmbedded on a given loopback port: a server
+// restarted on its port and directory keeps its streams, and clients
+// reconnect to it.
+func StartEmbeddedOn(dir string, port int) (*Server, error) {
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: nats server: %w", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, errors.New("cluster: nats server not ready within 10s")
+	}
+	return &Server{s: s}, nil
+}
+
+// URL is the server's client URL.
+func (s *Server) URL() string { return s.s.ClientURL() }
+
+// Port is the server's client port.
+func (s *Server) Port() int { return s.s.Addr().(*net.TCPAddr).Port }
+
+// Shutdown stops the server and waits for it.
+func (s *Server) Shutdown() {
+	s.s.Shutdown()
+	s.s.WaitForShutdown()
+}
+
+// Config names the stream and the snapshot bucket.
+type Config struct {
+	Stream    string        // the events' stream ("KVEVENTS")
+	Subject   string        // subject prefix; events go to <prefix>.<worker>.<rank> ("kv.events")
+	Bucket    string        // the snapshots' object store ("KVSNAPSHOTS")
+	Duplicate time.Duration // the server's duplicate window (2m)
+	MaxMsgs   int64         // retention: messages kept (0: no limit)
+}
+
+func (c *Config) defaults() {
+	if c.Stream == "" {
+		c.Stream = "KVEVENTS"
+	}
+	if c.Subject == "" {
+		c.Subject = "kv.events"
+	}
+	if c.Bucket == "" {
+		c.Bucket = "KVSNAPSHOTS"
+	}
+	if c.Duplicate <= 0 {
+		c.Duplicate = 2 * time.Minute
+	}
+}
+
+// Bus is a connection to the stream and the snapshot store.
+type Bus struct {
+	cfg    Config
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	snaps  jetstream.ObjectStore
+}
+
+// Connect connects to the NATS server at url and creates (or updates) the
+// stream and the snapshot bucket.
+func Connect(ctx context.Context, url string, cfg Config) (*Bus, error) {
+	cfg.defaults()
+	nc, err := nats.Connect(url, nats.Timeout(5*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		return nil, fmt.Errorf("cluster: connect %s: %w", url, err)
+	}
+	b := &Bus{cfg: cfg, nc: nc}
+	if err := b.open(ctx); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *Bus) open(ctx context.Context) error {
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		return err
+	}
+	b.js = js
+	b.stream, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name: b.cfg.Stream, Subjects: []string{b.cfg.Subject + ".>"}, Duplicates: b.cfg.Duplicate,
+		Storage: jetstream.FileStorage, MaxMsgs: b.cfg.MaxMsgs,
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: stream %s: %w", b.cfg.Stream, err)
+	}
+	b.snaps, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: b.cfg.Bucket, Storage: jetstream.FileStorage})
+	if err != nil {
+		return fmt.Errorf("cluster: snapshot bucket %s: %w", b.cfg.Bucket, err)
+	}
+	return nil
+}
+
+// Close closes the connection.
+func (b *Bus) Close() { b.nc.Close() }
+
+// Publish publishes ev to its worker's subject, with the message id the
+// server's duplicate window drops re-sends by; it returns the stream
+// sequence (a duplicate gets the original's).
+func (b *Bus) Publish(ctx context.Context, ev kvevent.RouterEvent) (uint64, error) {
+	subject := fmt.Sprintf("%s.%d.%d", b.cfg.Subject, ev.WorkerID, ev.Event.DPRank)
+	id := fmt.Sprintf("%d.%d.%d", ev.WorkerID, ev.Event.DPRank, ev.Event.ID)
+	ack, err := b.js.Publish(ctx, subject, ev.AppendJSON(nil), jetstream.WithMsgID(id))
+	if err != nil {
+		return 0, fmt.Errorf("cluster: publish %s: %w", id, err)
+	}
+	return ack.Sequence, nil
+}
+
+// Replica follows the stream into its indexer.
+type Replica struct {
+	b   *Bus
+	idx shardpool.Indexer
+	cc  jetstream.ConsumeContext
+	seq atomic.Uint64 // the last stream sequence applied
+	bad atomic.Uint64 // messages that did not decode
+}
+
+// Follow applies every event of the stream after sequence from, in order,
+// to idx, until Close.
+func (b *Bus) Follow(ctx context.Context, idx shardpool.Indexer, from uint64) (*Replica, error) {
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+	if from > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from+1
+	}
+	cons, err := b.stream.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: follow %s from %d: %w", b.cfg.Stream, from, err)
+	}
+	r := &Replica{b: b, idx: idx}
+	r.seq.Store(from)
+	r.cc, err = cons.Consume(r.handle)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *Replica) handle(msg jetstream.Msg) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		r.bad.Add(1)
+		return
+	}
+	var ev kvevent.RouterEvent
+	if err := ev.UnmarshalJSON(msg.Data()); err != nil {
+		r.bad.Add(1)
+	} else if err := r.idx.ApplyEvent(ev); err != nil {
+		r.bad.Add(1)
+	}
+	r.seq.Store(meta.Sequence.Stream)
+}
+
+// Seq is the last stream sequence the replica applied (handed to its
+// indexer).
+func (r *Replica) Seq() uint64 { return r.seq.Load() }
+
+// Bad counts messages that did not decode or apply.
+func (r *Replica) Bad() uint64 { return r.bad.Load() }
+
+// CatchUp waits until the replica has applied the stream's last message
+// (and its indexer has applied it), or ctx ends.
+func (r *Replica) CatchUp(ctx context.Context) error {
+	info, err := r.b.stream.Info(ctx)
+	if err != nil {
+		return err
+	}
+	last := info.State.LastSeq
+	for r.seq.Load() < last {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: replica at %d of %d: %w", r.seq.Load(), last, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+	_, err = r.idx.Flush()
+	return err
+}
+
+// Close stops following.
+func (r *Replica) Close() { r.cc.Stop() }
+
+// snapshotName is the object every snapshot replaces.
+const snapshotName = "index"
+
+// Snapshot writes the replica's index, with the stream sequence it
+// reflects, to the snapshot bucket. idx must be the index the replica's
+// indexer maintains (for a Pool: its Index()); the replica is caught up
+// first.
+func (r *Replica) Snapshot(ctx context.Context, idx radix.Index) (uint64, error) {
+	if err := r.CatchUp(ctx); err != nil {
+		return 0, err
+	}
+	seq := r.seq.Load()
+	buf := binary.BigEndian.AppendUint64(nil, seq)
+	radix.DumpEach(idx, func(ev kvevent.RouterEvent) {
+		buf = append(ev.AppendJSON(buf), '\n')
+	})
+	if _, err := r.b.snaps.PutBytes(ctx, snapshotName, buf); err != nil {
+		return 0, fmt.Errorf("cluster: snapshot at %d: %w", seq, err)
+	}
+	return seq, nil
+}
+
+// ErrNoSnapshot is Restore's error when the bucket holds none.
+var ErrNoSnapshot = errors.New("cluster: no snapshot")
+
+// Restore applies the newest snapshot to idx and returns the stream
+// sequence it reflects; Follow from there.
+func (b *Bus) Restore(ctx context.Context, idx shardpool.Indexer) (uint64, error) {
+	data, err := b.snaps.GetBytes(ctx, snapshotName)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return 0, ErrNoSnapshot
+	}
+	if err != nil {
+		return 0, err
+	}
+	if len(data) < 8 {
+		return 0, errors.New("cluster: snapshot too short")
+	}
+	seq := binary.BigEndian.Uint64(data)
+	r := kvevent.NewReader(bytes.NewReader(data[8:]))
+	for {
+		ev, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return 0, fmt.Errorf("cluster: snapshot: %w", err)
+		}
+		if err := idx.ApplyEvent(ev); err != nil {
+			return 0, err
+		}
+	}
+	if _, err := idx.Flush(); err != nil {
+		return 0, err
+	}
+	return seq, nil
+}

@@ -1,0 +1,221 @@
+package cluster_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvradix/kvradix/cluster"
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix"
+	"github.com/kvradix/kvradix/radix/radixtest"
+	"github.com/kvradix/kvradix/shardpool"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// events is a stream of n events of 4 workers with 2 ranks, from the
+// conformance generator, and the reference holdings they make.
+func events(n int, seed uint64) ([]kvevent.RouterEvent, radixtest.Holdings) {
+	g := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, 7)), Model: radixtest.NewModel()}
+	want := radixtest.Holdings{}
+	var evs []kvevent.RouterEvent
+	for len(evs) < n {
+		op := g.Next()
+		if op.Kind != radixtest.OpEvent {
+			continue
+		}
+		_ = g.Model.Apply(op.Event)
+		_ = want.Apply(op.Event)
+		evs = append(evs, op.Event)
+	}
+	return evs, want
+}
+
+func setup(t *testing.T) (context.Context, *cluster.Server, *cluster.Bus) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	srv, err := cluster.StartEmbedded(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	bus, err := cluster.Connect(ctx, srv.URL(), cluster.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bus.Close)
+	return ctx, srv, bus
+}
+
+func follow(t *testing.T, ctx context.Context, bus *cluster.Bus, from uint64) (*cluster.Replica, *shardpool.Pool) {
+	t.Helper()
+	pool := shardpool.NewPool(2, 16)
+	t.Cleanup(func() { pool.Close() })
+	r, err := bus.Follow(ctx, pool, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r, pool
+}
+
+func holds(t *testing.T, idx radix.Index, want radixtest.Holdings, who string) {
+	t.Helper()
+	got, err := radixtest.HoldingsOf(idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := got.Diff(want); d != "" {
+		t.Fatalf("%s differs from the reference: %s", who, d)
+	}
+}
+
+// Two replicas follow one stream into their own indexes and converge to the
+// reference built from every event; re-sent events (same worker, rank and
+// id) are dropped by the server's duplicate window.
+func TestReplicasConvergeDespiteDuplicates(t *testing.T) {
+	ctx, _, bus := setup(t)
+	evs, want := events(300, 1)
+	a, poolA := follow(t, ctx, bus, 0)
+	for i, ev := range evs {
+		ev.Event.ID = uint64(i) + 1
+		seq, err := bus.Publish(ctx, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%10 == 0 { // a re-send: the same message id
+			again, err := bus.Publish(ctx, ev)
+			if err != nil || again != seq {
+				t.Fatalf("re-send of %d: seq %d (%v), want the original's %d", i, again, err, seq)
+			}
+		}
+	}
+	b, poolB := follow(t, ctx, bus, 0) // joins late, from the start
+	for _, r := range []*cluster.Replica{a, b} {
+		if err := r.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if r.Seq() != uint64(len(evs)) || r.Bad() != 0 {
+			t.Fatalf("replica at %d with %d bad, want %d", r.Seq(), r.Bad(), len(evs))
+		}
+	}
+	holds(t, poolA.Index(), want, "replica a")
+	holds(t, poolB.Index(), want, "replica b")
+}
+
+// A replica restarted from a snapshot loads it and follows from the
+// sequence after it: its index equals the reference built from every
+// event, those after the snapshot included.
+func TestRestartFromSnapshot(t *testing.T) {
+	ctx, _, bus := setup(t)
+	evs, want := events(400, 2)
+	a, poolA := follow(t, ctx, bus, 0)
+	for i, ev := range evs[:250] {
+		ev.Event.ID = uint64(i) + 1
+		if _, err := bus.Publish(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seq, err := a.Snapshot(ctx, poolA.Index())
+	if err != nil || seq != 250 {
+		t.Fatalf("snapshot at %d (%v), want 250", seq, err)
+	}
+	for i, ev := range evs[250:] {
+		ev.Event.ID = uint64(250+i) + 1
+		if _, err := bus.Publish(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool := shardpool.NewPool(2, 16)
+	defer pool.Close()
+	from, err := bus.Restore(ctx, pool)
+	if err != nil || from != 250 {
+		t.Fatalf("restored at %d (%v), want 250", from, err)
+	}
+	r, err := bus.Follow(ctx, pool, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	holds(t, pool.Index(), want, "the restored replica")
+	if err := a.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	holds(t, poolA.Index(), want, "the replica that stayed")
+}
+
+// No snapshot yet is an error of its own.
+func TestRestoreWithoutSnapshot(t *testing.T) {
+	ctx, _, bus := setup(t)
+	pool := shardpool.NewPool(1, 16)
+	defer pool.Close()
+	if _, err := bus.Restore(ctx, pool); err != cluster.ErrNoSnapshot {
+		t.Fatalf("%v, want ErrNoSnapshot", err)
+	}
+}
+
+// The server restarts (JetStream on disk, same port): the replica's
+// connection and consumer come back, nothing published before is lost, and
+// it converges with what is published after.
+func TestServerRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	srv, err := cluster.StartEmbedded(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := srv.Port()
+	bus, err := cluster.Connect(ctx, srv.URL(), cluster.Config{})
+	if err != nil {
+		srv.Shutdown()
+		t.Fatal(err)
+	}
+	defer bus.Close()
+	evs, want := events(300, 3)
+	r, pool := follow(t, ctx, bus, 0)
+	publish := func(from, to int) {
+		for i := from; i < to; i++ {
+			ev := evs[i]
+			ev.Event.ID = uint64(i) + 1
+			for {
+				if _, err := bus.Publish(ctx, ev); err == nil {
+					break
+				} else if ctx.Err() != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(20 * time.Millisecond) // reconnecting
+			}
+		}
+	}
+	publish(0, 150)
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+	srv, err = cluster.StartEmbeddedOn(dir, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	publish(150, 300)
+	for r.Seq() < 300 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("replica stuck at %d of 300", r.Seq())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	holds(t, pool.Index(), want, "the replica across a server restart")
+}
