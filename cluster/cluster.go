@@ -168,9 +168,30 @@ type Replica struct {
 	bad atomic.Uint64 // messages that did not decode
 }
 
+// RetentionGapError is Follow's error when the stream no longer holds the
+// sequence after from: following would serve an index silently missing the
+// events between. Rebuild from a newer snapshot, or from the start of a
+// stream that keeps everything.
+type RetentionGapError struct {
+	From      uint64 // the last sequence the index reflects
+	FirstHeld uint64 // the stream's first sequence still held
+}
+
+func (e *RetentionGapError) Error() string {
+	return fmt.Sprintf("cluster: the stream starts at %d, after %d: events %d..%d are gone", e.FirstHeld, e.From, e.From+1, e.FirstHeld-1)
+}
+
 // Follow applies every event of the stream after sequence from, in order,
-// to idx, until Close.
+// to idx, until Close. If the stream no longer holds the sequence after
+// from, it refuses with a *RetentionGapError.
 func (b *Bus) Follow(ctx context.Context, idx shardpool.Indexer, from uint64) (*Replica, error) {
+	info, err := b.stream.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if first := info.State.FirstSeq; info.State.Msgs > 0 && first > from+1 {
+		return nil, &RetentionGapError{From: from, FirstHeld: first}
+	}
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
 	if from > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from+1

@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -218,4 +219,61 @@ func TestServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	holds(t, pool.Index(), want, "the replica across a server restart")
+}
+
+// Retention dropped the events after a replica's snapshot: following from
+// it is refused with the gap named, never served silently incomplete; a
+// fresh snapshot makes the replica whole again.
+func TestRetentionGap(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := cluster.StartEmbedded(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	bus, err := cluster.Connect(ctx, srv.URL(), cluster.Config{MaxMsgs: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bus.Close()
+	evs, want := events(300, 4)
+	a, poolA := follow(t, ctx, bus, 0)
+	for i, ev := range evs {
+		ev.Event.ID = uint64(i) + 1
+		if _, err := bus.Publish(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+		if i == 49 {
+			if _, err := a.Snapshot(ctx, poolA.Index()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	pool := shardpool.NewPool(1, 16)
+	defer pool.Close()
+	from, err := bus.Restore(ctx, pool)
+	if err != nil || from != 50 {
+		t.Fatalf("restored at %d (%v)", from, err)
+	}
+	var gap *cluster.RetentionGapError
+	if _, err := bus.Follow(ctx, pool, from); !errors.As(err, &gap) || gap.From != 50 || gap.FirstHeld != 201 {
+		t.Fatalf("follow across the gap: %v", err)
+	}
+	// The replica that followed all along takes a fresh snapshot.
+	if _, err := a.Snapshot(ctx, poolA.Index()); err != nil {
+		t.Fatal(err)
+	}
+	fresh := shardpool.NewPool(1, 16)
+	defer fresh.Close()
+	from, err = bus.Restore(ctx, fresh)
+	if err != nil || from != 300 {
+		t.Fatalf("restored at %d (%v)", from, err)
+	}
+	r, err := bus.Follow(ctx, fresh, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	holds(t, fresh.Index(), want, "the replica rebuilt from a fresh snapshot")
 }
