@@ -21,7 +21,8 @@ type dumper[N comparable] struct {
 	root   N
 	key    func(N) uint64 // tokens hash of a node
 	parent func(N) N
-	held   map[kvevent.Worker]map[N][]uint64 // engine hashes (aliases) of each held node, sorted
+	held   map[kvevent.Worker]map[N]uint64   // the smallest engine hash naming each held node
+	extra  map[kvevent.Worker]map[N][]uint64 // further aliases, sorted (rare)
 
 	placeholders map[kvevent.Worker]map[N]uint64
 	used         map[kvevent.Worker]map[uint64]bool
@@ -36,7 +37,8 @@ type dumper[N comparable] struct {
 // left it).
 func (d *dumper[N]) emit(w kvevent.Worker, n N) {
 	ph, has := d.parentHash(w, d.parent(n))
-	for _, h := range d.held[w][n] {
+	d.store(w, ph, has, kvevent.StoredBlock{BlockHash: d.held[w][n], TokensHash: d.key(n)})
+	for _, h := range d.extra[w][n] {
 		d.store(w, ph, has, kvevent.StoredBlock{BlockHash: h, TokensHash: d.key(n)})
 	}
 }
@@ -44,16 +46,29 @@ func (d *dumper[N]) emit(w kvevent.Worker, n N) {
 // addHeld records that engine hash h of w names node n.
 func (d *dumper[N]) addHeld(w kvevent.Worker, n N, h uint64) {
 	if d.held == nil {
-		d.held = map[kvevent.Worker]map[N][]uint64{}
+		d.held, d.extra = map[kvevent.Worker]map[N]uint64{}, map[kvevent.Worker]map[N][]uint64{}
 	}
 	m := d.held[w]
 	if m == nil {
-		m = map[N][]uint64{}
+		m = map[N]uint64{}
 		d.held[w] = m
 	}
-	hs := m[n]
+	first, ok := m[n]
+	if !ok {
+		m[n] = h
+		return
+	}
+	if h < first {
+		m[n], h = h, first
+	}
+	x := d.extra[w]
+	if x == nil {
+		x = map[N][]uint64{}
+		d.extra[w] = x
+	}
+	hs := x[n]
 	i, _ := slices.BinarySearch(hs, h)
-	m[n] = slices.Insert(hs, i, h)
+	x[n] = slices.Insert(hs, i, h)
 }
 
 // parentHash returns how w names p in a Stored event: nothing for the root,
@@ -62,8 +77,8 @@ func (d *dumper[N]) parentHash(w kvevent.Worker, p N) (uint64, bool) {
 	if p == d.root {
 		return 0, false
 	}
-	if hs, ok := d.held[w][p]; ok {
-		return hs[0], true
+	if h, ok := d.held[w][p]; ok {
+		return h, true
 	}
 	if h, ok := d.placeholders[w][p]; ok {
 		return h, true
@@ -93,7 +108,10 @@ func (d *dumper[N]) freshHash(w kvevent.Worker) uint64 {
 	used := d.used[w]
 	if used == nil {
 		used = map[uint64]bool{}
-		for _, hs := range d.held[w] {
+		for _, h := range d.held[w] {
+			used[h] = true
+		}
+		for _, hs := range d.extra[w] {
 			for _, h := range hs {
 				used[h] = true
 			}

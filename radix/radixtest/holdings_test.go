@@ -71,3 +71,39 @@ func TestHoldingsApplyMatchesTheTree(t *testing.T) {
 		}
 	}
 }
+
+// DiffIndex agrees with comparing HoldingsOf, on equal and unequal indexes
+// (holes make the dump use placeholders, which must not count).
+func TestHoldingsDiffIndex(t *testing.T) {
+	differ := 0
+	for seed := range uint64(20) {
+		g := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, 9)), Model: radixtest.NewModel()}
+		tr, other := radix.NewTree(), radix.NewCompressedTree()
+		h := radixtest.Holdings{}
+		for i := range 300 {
+			op := g.Next()
+			if op.Kind != radixtest.OpEvent {
+				continue
+			}
+			_ = g.Model.Apply(op.Event)
+			_ = tr.Apply(op.Event)
+			_ = h.Apply(op.Event)
+			if i != 150 { // other misses one event
+				_ = other.Apply(op.Event)
+			}
+		}
+		if d := h.DiffIndex(tr); d != "" {
+			t.Fatalf("seed %d: equal index differs: %s", seed, d)
+		}
+		oh, _ := radixtest.HoldingsOf(other)
+		if (h.DiffIndex(other) == "") != (h.Diff(oh) == "") {
+			t.Fatalf("seed %d: DiffIndex %q, Diff %q", seed, h.DiffIndex(other), h.Diff(oh))
+		}
+		if h.Diff(oh) != "" {
+			differ++
+		}
+	}
+	if differ == 0 {
+		t.Fatal("no seed made the indexes differ: the test checks nothing")
+	}
+}

@@ -311,3 +311,61 @@ func (h Holdings) Diff(o Holdings) string {
 	}
 	return ""
 }
+
+// DiffIndex compares h, the expected holdings, with what idx holds, by
+// streaming idx's dump against h: it keeps only what differs (and the
+// dump's placeholders, until their removal), not a second copy of h.
+func (h Holdings) DiffIndex(idx radix.Index) string {
+	matched := map[kvevent.Worker]int{}
+	side := Holdings{} // dump names whose path is not h's: placeholders, or differences
+	path := func(w kvevent.Worker, name uint64) (uint64, bool) {
+		if p, ok := side[w][name]; ok {
+			return p, true
+		}
+		p, ok := h[w][name]
+		return p, ok
+	}
+	var bad string
+	radix.DumpEach(idx, func(ev kvevent.RouterEvent) {
+		w := ev.Worker()
+		switch d := ev.Event.Data.(type) {
+		case kvevent.Stored:
+			var p uint64
+			if d.HasParent {
+				var ok bool
+				if p, ok = path(w, d.ParentHash); !ok && bad == "" {
+					bad = fmt.Sprintf("dump event %d of worker %v: parent %#x unknown", ev.Event.ID, w, d.ParentHash)
+				}
+			}
+			for _, b := range d.Blocks {
+				p = chain(p, b.TokensHash)
+				if want, ok := h[w][b.BlockHash]; ok && want == p {
+					matched[w]++
+					continue
+				}
+				if side[w] == nil {
+					side[w] = map[uint64]uint64{}
+				}
+				side[w][b.BlockHash] = p
+			}
+		case kvevent.Removed:
+			for _, bh := range d.BlockHashes {
+				delete(side[w], bh)
+			}
+		}
+	})
+	if bad != "" {
+		return bad
+	}
+	for w, names := range side {
+		if len(names) > 0 {
+			return fmt.Sprintf("worker %v holds %d engine hashes not expected (or on other paths)", w, len(names))
+		}
+	}
+	for w, names := range h {
+		if matched[w] != len(names) {
+			return fmt.Sprintf("worker %v holds %d of the %d engine hashes expected", w, matched[w], len(names))
+		}
+	}
+	return ""
+}
