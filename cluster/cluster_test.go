@@ -7,12 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"go.uber.org/goleak"
 
 	"github.com/kvradix/kvradix/cluster"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/radix/radixtest"
+	"github.com/kvradix/kvradix/router"
 	"github.com/kvradix/kvradix/shardpool"
 )
 
@@ -276,4 +278,67 @@ func TestRetentionGap(t *testing.T) {
 	}
 	defer r.Close()
 	holds(t, fresh.Index(), want, "the replica rebuilt from a fresh snapshot")
+}
+
+// Two replicas share load: a request admitted on one is counted on the
+// other, which then sends the next equal request to the other worker; a
+// completion releases it everywhere; a replica that goes silent has its
+// load dropped after the timeout.
+func TestSharedLoad(t *testing.T) {
+	_, srv, _ := setup(t)
+	newReplica := func() (*router.Router, *cluster.Share) {
+		var sh *cluster.Share
+		cfg := router.DefaultConfig()
+		cfg.BlockSize = 4
+		cfg.OnAdmit = func(id uuid.UUID, a router.Admission) { sh.OnAdmit(id, a) }
+		r, err := router.New(router.KV, cfg, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Shutdown() })
+		if sh, err = cluster.NewShare(srv.URL(), r, cluster.ShareConfig{Timeout: 500 * time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+		return r, sh
+	}
+	a, shA := newReplica()
+	b, shB := newReplica()
+	defer shB.Close()
+	waitUntil(t, "the replicas to hear each other", func() bool { return shA.Replicas() == 1 && shB.Replicas() == 1 })
+	tokens := func(start uint32) []uint32 {
+		out := make([]uint32, 64)
+		for i := range out {
+			out[i] = start + uint32(i)
+		}
+		return out
+	}
+	ctx := context.Background()
+	x := uuid.New()
+	w, err := a.SelectWorkerRank(ctx, router.Request{UUID: x, Tokens: tokens(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "b to count a's request", func() bool { return b.Stats().Active == 1 })
+	y := uuid.New()
+	if got, err := b.SelectWorkerRank(ctx, router.Request{UUID: y, Tokens: tokens(5000)}); err != nil || got == w {
+		t.Fatalf("b sent an equal request to %v (%v), where a's request runs", got, err)
+	}
+	if _, err := shA.OnComplete(x); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "a's completion to reach b", func() bool { return b.Stats().Active == 1 }) // y is b's own
+	waitUntil(t, "b's admission to reach a", func() bool { return a.Stats().Active == 1 })
+	// b goes silent: a drops b's load after the timeout.
+	shB.Close()
+	waitUntil(t, "a to drop the silent replica's load", func() bool { return a.Stats().Active == 0 && shA.Replicas() == 0 })
+	shA.Close()
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
 }

@@ -58,6 +58,10 @@ type Config struct {
 	TrackPrefillTokens bool    // count active prefill tokens in the cost (true)
 	Seed               uint64  // seeds tie-breaks and sampling (0)
 	DPSize             int     // data-parallel ranks per worker (1); 0 means 1
+	// OnAdmit, if set, hears every KV-mode admission (for sharing load
+	// with other replicas: see package cluster). It runs on the caller's
+	// goroutine after the decision and must be quick.
+	OnAdmit func(id uuid.UUID, a Admission)
 }
 
 // MaxDPSize bounds Config.DPSize.
@@ -303,12 +307,41 @@ func (r *Router) SelectWorkerRank(ctx context.Context, req Request) (kvevent.Wor
 	if err != nil {
 		return kvevent.Worker{}, r.shutdownErr(err)
 	}
-	return r.sched.Schedule(ctx, SchedRequest{
+	sr := SchedRequest{
 		ID:       req.UUID,
 		ISL:      len(req.Tokens),
 		Blocks:   hashing.SequenceHashes(local[:0:0], local),
 		Overlaps: scores.Scores,
-	})
+	}
+	w, err := r.sched.Schedule(ctx, sr)
+	if err == nil && r.cfg.OnAdmit != nil {
+		r.cfg.OnAdmit(req.UUID, Admission{Worker: w, ISL: sr.ISL, Blocks: sr.Blocks, Overlap: sr.Overlaps[w]})
+	}
+	return w, err
+}
+
+// Admission is a KV-mode routing decision as another router replica needs
+// it to count the request's load: the worker, the prompt's length and
+// complete blocks' sequence hashes, and the blocks the worker had cached.
+type Admission struct {
+	Worker  kvevent.Worker `json:"worker"`
+	ISL     int            `json:"isl"`
+	Blocks  []uint64       `json:"blocks"`
+	Overlap uint32         `json:"overlap"`
+}
+
+// AdmitRemote counts a request another replica admitted, so that this
+// router's decisions see its load; OnFirstToken and OnComplete (with the
+// same id) release it as for a local one. KV mode only; a duplicate id is
+// an error.
+func (r *Router) AdmitRemote(id uuid.UUID, a Admission) error {
+	switch {
+	case r.closed.Load():
+		return ErrShutdown
+	case r.mode != KV:
+		return errors.New("router: remote load needs KV mode")
+	}
+	return r.sched.Admit(SchedRequest{ID: id, ISL: a.ISL, Blocks: a.Blocks, Overlaps: map[kvevent.Worker]uint32{a.Worker: a.Overlap}}, a.Worker)
 }
 
 func (r *Router) shutdownErr(err error) error {

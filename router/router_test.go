@@ -405,3 +405,46 @@ func TestNewWithIndexer(t *testing.T) {
 		t.Fatalf("single stats %+v", st)
 	}
 }
+
+// A request admitted by another replica counts in this router's load: its
+// next equal request goes to the other worker, and the remote request is
+// released by id like a local one.
+func TestAdmitRemote(t *testing.T) {
+	var seen []router.Admission
+	a := newRouter(t, router.KV, 2, func(c *router.Config) {
+		c.OnAdmit = func(_ uuid.UUID, ad router.Admission) { seen = append(seen, ad) }
+	})
+	b := newRouter(t, router.KV, 2, nil)
+	ctx := context.Background()
+	x := uuid.New()
+	w, err := a.SelectWorkerRank(ctx, router.Request{UUID: x, Tokens: seq(64, 1)})
+	if err != nil || len(seen) != 1 || seen[0].Worker != w || seen[0].ISL != 64 || len(seen[0].Blocks) != 16 {
+		t.Fatalf("admission %v (%v): %+v", w, err, seen)
+	}
+	if err := b.AdmitRemote(x, seen[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.AdmitRemote(x, seen[0]); err == nil {
+		t.Fatal("a duplicate remote admission was accepted")
+	}
+	if st := b.Stats(); st.Active != 1 {
+		t.Fatalf("remote load not counted: %+v", st)
+	}
+	for i := range 3 { // equal requests, each released: all avoid the loaded worker
+		id := uuid.New()
+		got, err := b.SelectWorkerRank(ctx, router.Request{UUID: id, Tokens: seq(64, uint32(1000*(i+1)))})
+		if err != nil || got == w {
+			t.Fatalf("request %d on %v (%v), the remotely loaded worker is %v", i, got, err, w)
+		}
+		if _, err := b.OnComplete(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.OnComplete(x); err != nil || b.Stats().Active != 0 {
+		t.Fatalf("release: %v, %+v", err, b.Stats())
+	}
+	rr := newRouter(t, router.RoundRobin, 2, nil)
+	if err := rr.AdmitRemote(x, seen[0]); err == nil {
+		t.Fatal("round robin took remote load")
+	}
+}

@@ -398,6 +398,30 @@ func (s *Scheduler) register(req SchedRequest, i int) {
 	s.reqs[req.ID] = r
 }
 
+// Admit registers a request placed on worker w elsewhere (another router
+// replica), as Schedule would have: its blocks and prefill tokens count in
+// w's load until MarkPrefillCompleted and Free. It does not queue.
+func (s *Scheduler) Admit(req SchedRequest, w kvevent.Worker) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrShutdown
+	}
+	i, ok := s.index[w]
+	if !ok {
+		return fmt.Errorf("router: admit %v on unknown worker %v", req.ID, w)
+	}
+	_, active := s.reqs[req.ID]
+	_, waiting := s.waiting[req.ID]
+	if active || waiting {
+		return fmt.Errorf("%w: %v", ErrDuplicateRequest, req.ID)
+	}
+	s.prepare(req)
+	s.register(req, i)
+	s.reset(req)
+	return nil
+}
+
 // MarkPrefillCompleted removes the request's prefill tokens from its
 // worker's load (idempotent for a known request).
 func (s *Scheduler) MarkPrefillCompleted(id uuid.UUID) error {
