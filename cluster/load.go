@@ -91,7 +91,9 @@ func NewShare(url string, r *router.Router, cfg ShareConfig) (*Share, error) {
 }
 
 // OnAdmit is the router's Config.OnAdmit: it queues the admission.
-func (s *Share) OnAdmit(id uuid.UUID, a router.Admission) { s.queue(loadOp{Kind: 'a', ID: id, Admit: &a}) }
+func (s *Share) OnAdmit(id uuid.UUID, a router.Admission) {
+	s.queue(loadOp{Kind: 'a', ID: id, Admit: &a})
+}
 
 // OnFirstToken marks the request's prefill done, here and on the others.
 func (s *Share) OnFirstToken(id uuid.UUID) (bool, error) {
