@@ -25,6 +25,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -161,11 +163,13 @@ func (b *Bus) Publish(ctx context.Context, ev kvevent.RouterEvent) (uint64, erro
 
 // Replica follows the stream into its indexer.
 type Replica struct {
-	b   *Bus
-	idx shardpool.Indexer
-	cc  jetstream.ConsumeContext
-	seq atomic.Uint64 // the last stream sequence applied
-	bad atomic.Uint64 // messages that did not decode
+	b    *Bus
+	idx  shardpool.Indexer
+	cc   jetstream.ConsumeContext
+	seq  atomic.Uint64 // the last stream sequence applied
+	bad  atomic.Uint64 // messages that did not decode
+	mu   sync.Mutex
+	lags []time.Duration // from storing in the stream to the hand-over to the indexer
 }
 
 // RetentionGapError is Follow's error when the stream no longer holds the
@@ -221,7 +225,18 @@ func (r *Replica) handle(msg jetstream.Msg) {
 	} else if err := r.idx.ApplyEvent(ev); err != nil {
 		r.bad.Add(1)
 	}
+	r.mu.Lock()
+	r.lags = append(r.lags, time.Since(meta.Timestamp))
+	r.mu.Unlock()
 	r.seq.Store(meta.Sequence.Stream)
+}
+
+// Lags returns, for every event the replica applied, the time from its
+// storing in the stream to its hand-over to the indexer.
+func (r *Replica) Lags() []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.lags)
 }
 
 // Seq is the last stream sequence the replica applied (handed to its

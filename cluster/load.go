@@ -48,6 +48,7 @@ type loadOp struct {
 
 type loadMsg struct {
 	Replica uuid.UUID `json:"r"`
+	Seq     uint64    `json:"s"` // the replica's messages, numbered from 1
 	Ops     []loadOp  `json:"ops"`
 }
 
@@ -63,14 +64,16 @@ type Share struct {
 
 	mu      sync.Mutex
 	pending []loadOp
+	sent    uint64              // messages published
 	remote  map[uuid.UUID]*peer // other replicas
 	stop    chan struct{}
 	done    sync.WaitGroup
 }
 
 type peer struct {
-	seen time.Time
-	reqs map[uuid.UUID]struct{}
+	seen  time.Time
+	heard uint64 // the last message applied
+	reqs  map[uuid.UUID]struct{}
 }
 
 // NewShare connects replica r to the others over the NATS server at url.
@@ -125,18 +128,52 @@ func (s *Share) loop() {
 		case <-s.stop:
 			return
 		case now := <-tick.C:
-			s.mu.Lock()
-			ops := s.pending
-			s.pending = nil
-			s.mu.Unlock()
-			if len(ops) > 0 || now.Sub(lastSent) >= s.cfg.Timeout/4 {
-				if b, err := json.Marshal(loadMsg{Replica: s.self, Ops: ops}); err == nil && s.nc.Publish(s.cfg.Subject, b) == nil {
-					lastSent = now
-				}
+			if s.flush(now.Sub(lastSent) >= s.cfg.Timeout/4) {
+				lastSent = now
 			}
 			s.dropSilent(now)
 		}
 	}
+}
+
+// flush publishes the pending updates (or, with beat, an empty heartbeat);
+// it reports whether it published.
+func (s *Share) flush(beat bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.pending) == 0 && !beat {
+		return false
+	}
+	b, err := json.Marshal(loadMsg{Replica: s.self, Seq: s.sent + 1, Ops: s.pending})
+	if err != nil || s.nc.Publish(s.cfg.Subject, b) != nil {
+		return false
+	}
+	s.sent++
+	s.pending = nil
+	return true
+}
+
+// Flush publishes the pending updates now and returns the number of this
+// replica's last message: another replica has seen everything up to now
+// once its HeardFrom(ID()) reaches it.
+func (s *Share) Flush() uint64 {
+	s.flush(false)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sent
+}
+
+// ID is this replica's id in its messages.
+func (s *Share) ID() uuid.UUID { return s.self }
+
+// HeardFrom returns the number of the last message applied from replica id.
+func (s *Share) HeardFrom(id uuid.UUID) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.remote[id]; p != nil {
+		return p.heard
+	}
+	return 0
 }
 
 // receive applies another replica's updates.
@@ -170,6 +207,9 @@ func (s *Share) receive(m *nats.Msg) {
 			_, _ = s.r.OnComplete(op.ID)
 		}
 	}
+	s.mu.Lock()
+	p.heard = max(p.heard, msg.Seq)
+	s.mu.Unlock()
 }
 
 // dropSilent frees the load of replicas not heard from for Timeout.

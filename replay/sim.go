@@ -342,6 +342,46 @@ func RunContext(ctx context.Context, reqs []trace.Request, routerName string, cf
 	return res, nil
 }
 
+// Policy is a router under test from outside this package (several router
+// replicas, say): where each request goes, and where each worker's engines
+// publish. Choose may return ErrQueued to hold a request back. The
+// simulation is single-threaded: calls never overlap.
+type Policy interface {
+	// Choose returns the engine of request i (worker·DPSize + rank).
+	Choose(i int, req router.Request) (int, error)
+	// Sink is where worker w's engines publish their KV events.
+	Sink(w kvevent.WorkerID) router.EventSink
+	FirstToken(id uuid.UUID) error
+	Complete(id uuid.UUID) error
+}
+
+// ErrQueued is Policy.Choose's answer for a request the router holds back.
+var ErrQueued = errQueued
+
+// RunPolicy replays reqs through p, as Run does through a named router.
+func RunPolicy(ctx context.Context, reqs []trace.Request, name string, cfg Config, p Policy) (Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return Result{}, err
+	}
+	res := Result{Router: name, Requests: len(reqs)}
+	s, err := simulate(ctx, reqs, cfg, exported{p}, &res)
+	if err != nil {
+		return res, err
+	}
+	s.report(&res)
+	return res, nil
+}
+
+// exported adapts a Policy to the simulation's policy.
+type exported struct{ p Policy }
+
+func (e exported) choose(i int, req router.Request, _ []uint64) (int, error) {
+	return e.p.Choose(i, req)
+}
+func (e exported) sink(w kvevent.WorkerID) router.EventSink { return e.p.Sink(w) }
+func (e exported) firstToken(id uuid.UUID) error            { return e.p.FirstToken(id) }
+func (e exported) complete(id uuid.UUID) error              { return e.p.Complete(id) }
+
 // simulate runs the event loop to the end.
 func simulate(ctx context.Context, reqs []trace.Request, cfg Config, pol policy, res *Result) (*sim, error) {
 	s := &sim{cfg: cfg, pol: pol, perW: make([]int, cfg.engines())}

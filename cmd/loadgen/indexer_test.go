@@ -196,3 +196,25 @@ func TestIngestFaults(t *testing.T) {
 		t.Fatalf("%+v", res)
 	}
 }
+
+// loadgen cluster: one router, replicas sharing load and replicas not, on
+// an embedded NATS server; every replica's index equals the reference.
+func TestClusterCommand(t *testing.T) {
+	out, _, err := runArgs(t, "cluster", "-json", "-replicas", "2", "-synth", "-synth-requests", "150", "-synth-rate", "30", "-workers", "4", "-blocks", "2048")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep clusterReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(rep.Results) != 3 || rep.Results[0].Mode != "single" || rep.Results[1].Mode != "shared" || rep.Results[2].Mode != "unshared" ||
+		rep.Results[1].Replicas != 2 || rep.CatchUpMs <= 0 || rep.CatchUpPairs <= 0 {
+		t.Fatalf("%+v", rep)
+	}
+	for _, r := range rep.Results {
+		if !r.IndexesEqual || r.ReuseRatio <= 0 || r.TTFTMs.Mean <= 0 || r.EventLagMs.P99 <= 0 {
+			t.Fatalf("%+v", r)
+		}
+	}
+}

@@ -37,6 +37,7 @@ commands:
   indexer   replay a trace's KV events and matches against each index, compressed in time
   router    drive the full router path at an offered request rate
   ingest    vLLM engines publish over ZeroMQ into the subscriber and indexer
+  cluster   router replicas over NATS JetStream: one router, N sharing load, N not
 
 Run 'loadgen <command> -h' for a command's flags.
 `
@@ -57,6 +58,8 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 		return runRouter(args[1:], stdout, stderr, stop)
 	case "ingest":
 		return runIngest(args[1:], stdout, stderr, stop)
+	case "cluster":
+		return runCluster(args[1:], stdout, stderr, stop)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
