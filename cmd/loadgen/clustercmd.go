@@ -42,8 +42,8 @@ type msStats struct {
 }
 
 type clusterReport struct {
-	Command   string          `json:"command"`
-	Trace     string          `json:"trace"`
+	Command      string          `json:"command"`
+	Trace        string          `json:"trace"`
 	Results      []clusterResult `json:"results"`
 	CatchUpMs    float64         `json:"catch_up_ms"`
 	CatchUpPairs int             `json:"catch_up_pairs"` // the restored index's (worker, block) pairs
