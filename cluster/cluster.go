@@ -249,11 +249,10 @@ func (r *Replica) Bad() uint64 { return r.bad.Load() }
 // CatchUp waits until the replica has applied the stream's last message
 // (and its indexer has applied it), or ctx ends.
 func (r *Replica) CatchUp(ctx context.Context) error {
-	info, err := r.b.stream.Info(ctx)
+	last, err := r.b.LastSeq(ctx)
 	if err != nil {
 		return err
 	}
-	last := info.State.LastSeq
 	for r.seq.Load() < last {
 		select {
 		case <-ctx.Done():
@@ -267,6 +266,22 @@ func (r *Replica) CatchUp(ctx context.Context) error {
 
 // Close stops following.
 func (r *Replica) Close() { r.cc.Stop() }
+
+// LastSeq returns the stream's last sequence, retrying for up to 30 s
+// while the server is away (restarting, say).
+func (b *Bus) LastSeq(ctx context.Context) (uint64, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := b.stream.Info(ctx)
+		if err == nil {
+			return info.State.LastSeq, nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return 0, fmt.Errorf("cluster: stream %s: %w", b.cfg.Stream, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
 
 // snapshotName is the object every snapshot replaces.
 const snapshotName = "index"

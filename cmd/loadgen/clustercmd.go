@@ -32,6 +32,10 @@ type clusterResult struct {
 	LoadCV       float64 `json:"load_cv"` // requests per engine
 	Requests     int     `json:"requests"`
 	ElapsedS     float64 `json:"elapsed_s"`
+	// -faults: replicas killed and restarted from a snapshot, and NATS
+	// server restarts, during the run.
+	ReplicaRestarts int `json:"replica_restarts"`
+	ServerRestarts  int `json:"server_restarts"`
 }
 
 // msStats carries whichever of mean, p50 and p99 a figure reports.
@@ -44,6 +48,7 @@ type msStats struct {
 type clusterReport struct {
 	Command      string          `json:"command"`
 	Trace        string          `json:"trace"`
+	Faults       bool            `json:"faults"`
 	Results      []clusterResult `json:"results"`
 	CatchUpMs    float64         `json:"catch_up_ms"`
 	CatchUpPairs int             `json:"catch_up_pairs"` // the restored index's (worker, block) pairs
@@ -51,11 +56,13 @@ type clusterReport struct {
 
 // clusterConfig is what `loadgen cluster` was asked to do.
 type clusterConfig struct {
-	work     workloadFlags
-	sim      replay.Config
-	out      output
-	replicas int
-	natsURL  string
+	work          workloadFlags
+	sim           replay.Config
+	out           output
+	replicas      int
+	natsURL       string
+	faults        bool
+	restartServer func() error // nil for an external server
 }
 
 func (c *clusterConfig) register(fs *flag.FlagSet) {
@@ -68,6 +75,7 @@ func (c *clusterConfig) register(fs *flag.FlagSet) {
 	fs.Float64Var(&c.sim.Speedup, "speedup", c.sim.Speedup, "divide arrival times by this")
 	fs.IntVar(&c.replicas, "replicas", 3, "router replicas; requests are spread over them round robin")
 	fs.StringVar(&c.natsURL, "nats", "", "NATS server or cluster `url` (JetStream enabled); default: an embedded server")
+	fs.BoolVar(&c.faults, "faults", false, "a third of the way, kill a replica and restart it from a snapshot; half way, restart the embedded NATS server (JetStream on disk)")
 }
 
 // runCluster replays the trace through mock engines routed by one router,
@@ -97,6 +105,7 @@ func runCluster(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 		return err
 	}
 	url := c.natsURL
+	var restart func() error // restarts the embedded server
 	if url == "" {
 		dir, err := os.MkdirTemp("", "kvradix-nats-")
 		if err != nil {
@@ -107,12 +116,19 @@ func runCluster(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 		if err != nil {
 			return err
 		}
-		defer srv.Shutdown()
+		defer func() { srv.Shutdown() }()
 		url = srv.URL()
+		restart = func() error {
+			port := srv.Port()
+			srv.Shutdown()
+			srv, err = cluster.StartEmbeddedOn(dir, port)
+			return err
+		}
 	}
+	c.restartServer = restart
 	ctx, cancel := intr.context()
 	defer cancel()
-	rep := clusterReport{Command: commandLine("cluster", args), Trace: name}
+	rep := clusterReport{Command: commandLine("cluster", args), Trace: name, Faults: c.faults}
 	for _, m := range []struct {
 		name     string
 		replicas int
@@ -149,6 +165,15 @@ type clusterPolicy struct {
 	ref      radixtest.Holdings // every event published
 	dp       int
 	failed   error
+	// -faults: the request before which a replica is killed and restarted
+	// from a snapshot, and the one before which the server restarts (0:
+	// none).
+	killAt, restartAt int
+	restart           func() error
+	newReplica        func(from uint64) (*clusterReplica, error)
+	dead              []*clusterReplica // killed: their requests' reports go nowhere
+	replicaRestarts   int
+	serverRestarts    int
 }
 
 type clusterReplica struct {
@@ -157,6 +182,7 @@ type clusterReplica struct {
 	follow  *cluster.Replica
 	share   *cluster.Share
 	decided context.Context // cancelled: a decision never waits
+	killed  bool
 }
 
 func (c *clusterConfig) run(ctx context.Context, url string, reqs []trace.Request, mode string, n int, share bool, progress io.Writer) (clusterResult, float64, int, error) {
@@ -169,13 +195,27 @@ func (c *clusterConfig) run(ctx context.Context, url string, reqs []trace.Reques
 	p := &clusterPolicy{ctx: ctx, bus: bus, owner: map[uuid.UUID]*clusterReplica{}, ref: radixtest.Holdings{}, dp: c.sim.DPSize}
 	done, cancelled := context.WithCancel(context.Background())
 	cancelled() // a decision that would queue returns at once
+	p.newReplica = func(from uint64) (*clusterReplica, error) {
+		r, err := c.replica(ctx, url, bus, "kv.load."+suffix, share, from)
+		if err == nil {
+			r.decided = done
+		}
+		return r, err
+	}
 	for range n {
-		r, err := c.replica(ctx, url, bus, "kv.load."+suffix, share)
+		r, err := p.newReplica(0)
 		if err != nil {
 			return clusterResult{}, 0, 0, err
 		}
-		r.decided = done
 		p.replicas = append(p.replicas, r)
+	}
+	if c.faults {
+		if n > 1 {
+			p.killAt = len(reqs) / 3
+		}
+		if c.restartServer != nil {
+			p.restartAt, p.restart = len(reqs)/2, c.restartServer
+		}
 	}
 	defer func() {
 		for _, r := range p.replicas {
@@ -191,7 +231,8 @@ func (c *clusterConfig) run(ctx context.Context, url string, reqs []trace.Reques
 		return clusterResult{}, 0, 0, err
 	}
 	out := clusterResult{Mode: mode, Replicas: n, ReuseRatio: res.ReuseRatio, TTFTMs: msStats{Mean: res.TTFT.Mean, P99: res.TTFT.P99},
-		LoadCV: res.Load.CV, Requests: res.Requests, ElapsedS: time.Since(start).Seconds(), IndexesEqual: true}
+		LoadCV: res.Load.CV, Requests: res.Requests, ElapsedS: time.Since(start).Seconds(), IndexesEqual: true,
+		ReplicaRestarts: p.replicaRestarts, ServerRestarts: p.serverRestarts}
 	var lags []time.Duration
 	for i, r := range p.replicas {
 		if err := r.follow.CatchUp(ctx); err != nil {
@@ -215,8 +256,16 @@ func (c *clusterConfig) run(ctx context.Context, url string, reqs []trace.Reques
 
 // replica starts one router replica following the stream (and sharing its
 // load when share).
-func (c *clusterConfig) replica(ctx context.Context, url string, bus *cluster.Bus, loadSubject string, share bool) (*clusterReplica, error) {
+func (c *clusterConfig) replica(ctx context.Context, url string, bus *cluster.Bus, loadSubject string, share bool, from uint64) (*clusterReplica, error) {
 	r := &clusterReplica{pool: shardpool.NewPool(2, c.sim.BlockSize)}
+	if from > 0 {
+		got, err := bus.Restore(ctx, r.pool)
+		if err != nil {
+			r.pool.Close()
+			return nil, err
+		}
+		from = got
+	}
 	cfg := router.DefaultConfig()
 	cfg.BlockSize, cfg.MaxBatchedTokens, cfg.DPSize = c.sim.BlockSize, c.sim.MaxBatchedTokens, c.sim.DPSize
 	if share {
@@ -227,7 +276,7 @@ func (c *clusterConfig) replica(ctx context.Context, url string, bus *cluster.Bu
 		r.pool.Close()
 		return nil, err
 	}
-	if r.follow, err = bus.Follow(ctx, r.pool, 0); err != nil {
+	if r.follow, err = bus.Follow(ctx, r.pool, from); err != nil {
 		r.router.Shutdown()
 		return nil, err
 	}
@@ -241,6 +290,10 @@ func (c *clusterConfig) replica(ctx context.Context, url string, bus *cluster.Bu
 }
 
 func (r *clusterReplica) close() {
+	if r.killed {
+		return
+	}
+	r.killed = true
 	if r.share != nil {
 		r.share.Close()
 	}
@@ -277,6 +330,9 @@ func (c *clusterConfig) catchUp(ctx context.Context, bus *cluster.Bus, rep *clus
 // replica's updates so far: the simulation's clock runs far faster than
 // the wall clock, and on the trace's clock a millisecond's delay is none.
 func (p *clusterPolicy) Choose(i int, req router.Request) (int, error) {
+	if err := p.inject(i); err != nil {
+		return 0, err
+	}
 	r := p.replicas[i%len(p.replicas)]
 	if err := r.follow.CatchUp(p.ctx); err != nil {
 		return 0, err
@@ -293,6 +349,32 @@ func (p *clusterPolicy) Choose(i int, req router.Request) (int, error) {
 	}
 	p.owner[req.UUID] = r
 	return int(w.ID)*max(p.dp, 1) + int(w.DPRank), nil
+}
+
+// inject makes -faults' faults before request i: replica 1 snapshots its
+// index (as it would every so often), dies, and a new replica takes its
+// place from that snapshot; the server restarts (the clients reconnect,
+// JetStream keeps the stream on disk).
+func (p *clusterPolicy) inject(i int) error {
+	switch {
+	case p.killAt > 0 && i == p.killAt:
+		victim := p.replicas[1]
+		if _, err := victim.follow.Snapshot(p.ctx, victim.pool.Index()); err != nil {
+			return err
+		}
+		victim.close()
+		r, err := p.newReplica(1) // from the snapshot
+		if err != nil {
+			return err
+		}
+		p.replicas[1] = r
+		p.dead = append(p.dead, victim)
+		p.replicaRestarts++
+	case p.restartAt > 0 && i == p.restartAt:
+		p.serverRestarts++
+		return p.restart()
+	}
+	return nil
 }
 
 // heard flushes every replica's load updates and waits (a second at most:
@@ -332,7 +414,13 @@ func (s clusterSink) Publish(ev kvevent.Event) error {
 func (s clusterSink) PublishWithTier(ev kvevent.Event, tier kvevent.Tier) error {
 	re := kvevent.RouterEvent{WorkerID: s.w, Tier: tier, Event: ev}
 	_ = s.p.ref.Apply(re)
-	_, err := s.p.bus.Publish(s.p.ctx, re)
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		// A re-send after a lost ack is dropped by the duplicate window.
+		if _, err = s.p.bus.Publish(s.p.ctx, re); err == nil || s.p.ctx.Err() != nil || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil && s.p.failed == nil {
 		s.p.failed = err
 	}
@@ -343,7 +431,7 @@ func (s clusterSink) PublishWithTier(ev kvevent.Event, tier kvevent.Tier) error 
 // through its load sharing if any.
 func (p *clusterPolicy) FirstToken(id uuid.UUID) error {
 	r := p.owner[id]
-	if r == nil {
+	if r == nil || r.killed {
 		return nil
 	}
 	if r.share != nil {
@@ -356,7 +444,8 @@ func (p *clusterPolicy) FirstToken(id uuid.UUID) error {
 
 func (p *clusterPolicy) Complete(id uuid.UUID) error {
 	r := p.owner[id]
-	if r == nil {
+	if r == nil || r.killed {
+		delete(p.owner, id)
 		return nil
 	}
 	delete(p.owner, id)
@@ -371,10 +460,14 @@ func (p *clusterPolicy) Complete(id uuid.UUID) error {
 func printCluster(w io.Writer, rep clusterReport) {
 	fmt.Fprintf(w, "trace: %s; a new replica catches up from a snapshot (%d pairs) in %.1f ms\n\n", rep.Trace, rep.CatchUpPairs, rep.CatchUpMs)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\treplicas\treuse\tTTFT mean ms\tTTFT p99 ms\tload cv\tevent lag p50 ms\tp99 ms\tindexes equal\t")
+	fmt.Fprintln(tw, "mode\treplicas\treuse\tTTFT mean ms\tTTFT p99 ms\tload cv\tevent lag p50 ms\tp99 ms\tindexes equal\tfaults\t")
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.1f\t%.1f\t%.3f\t%.2f\t%.2f\t%v\t\n", r.Mode, r.Replicas, r.ReuseRatio, r.TTFTMs.Mean, r.TTFTMs.P99,
-			r.LoadCV, r.EventLagMs.P50, r.EventLagMs.P99, r.IndexesEqual)
+		faults := "-"
+		if rep.Faults {
+			faults = fmt.Sprintf("%d replica, %d server restarts", r.ReplicaRestarts, r.ServerRestarts)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.1f\t%.1f\t%.3f\t%.2f\t%.2f\t%v\t%s\t\n", r.Mode, r.Replicas, r.ReuseRatio, r.TTFTMs.Mean, r.TTFTMs.P99,
+			r.LoadCV, r.EventLagMs.P50, r.EventLagMs.P99, r.IndexesEqual, faults)
 	}
 	tw.Flush()
 }

@@ -218,3 +218,29 @@ func TestClusterCommand(t *testing.T) {
 		}
 	}
 }
+
+// loadgen cluster -faults: a replica killed and restarted from a snapshot,
+// the embedded server restarted; every replica's index still equals the
+// reference.
+func TestClusterFaults(t *testing.T) {
+	out, _, err := runArgs(t, "cluster", "-json", "-faults", "-replicas", "2", "-synth", "-synth-requests", "150", "-synth-rate", "30", "-workers", "4", "-blocks", "2048")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep clusterReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if !rep.Faults || len(rep.Results) != 3 {
+		t.Fatalf("%+v", rep)
+	}
+	for _, r := range rep.Results {
+		wantReplica := 1
+		if r.Mode == "single" {
+			wantReplica = 0
+		}
+		if !r.IndexesEqual || r.ServerRestarts != 1 || r.ReplicaRestarts != wantReplica {
+			t.Fatalf("%+v", r)
+		}
+	}
+}
