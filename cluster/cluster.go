@@ -102,6 +102,7 @@ func (c *Config) defaults() {
 
 // Bus is a connection to the stream and the snapshot store.
 type Bus struct {
+	gaps   atomic.Uint64 // follows refused for a retention gap
 	cfg    Config
 	nc     *nats.Conn
 	js     jetstream.JetStream
@@ -147,6 +148,9 @@ func (b *Bus) open(ctx context.Context) error {
 
 // Close closes the connection.
 func (b *Bus) Close() { b.nc.Close() }
+
+// RetentionGaps counts the follows refused for a retention gap.
+func (b *Bus) RetentionGaps() uint64 { return b.gaps.Load() }
 
 // Publish publishes ev to its worker's subject, with the message id the
 // server's duplicate window drops re-sends by; it returns the stream
@@ -194,6 +198,7 @@ func (b *Bus) Follow(ctx context.Context, idx shardpool.Indexer, from uint64) (*
 		return nil, err
 	}
 	if first := info.State.FirstSeq; info.State.Msgs > 0 && first > from+1 {
+		b.gaps.Add(1)
 		return nil, &RetentionGapError{From: from, FirstHeld: first}
 	}
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
@@ -303,6 +308,25 @@ func (r *Replica) Snapshot(ctx context.Context, idx radix.Index) (uint64, error)
 		return 0, fmt.Errorf("cluster: snapshot at %d: %w", seq, err)
 	}
 	return seq, nil
+}
+
+// SnapshotEvery writes a snapshot every interval until ctx ends (errors
+// are reported to onErr, if set, and the next tick tries again).
+func (r *Replica) SnapshotEvery(ctx context.Context, idx radix.Index, interval time.Duration, onErr func(error)) {
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if _, err := r.Snapshot(ctx, idx); err != nil && onErr != nil && ctx.Err() == nil {
+					onErr(err)
+				}
+			}
+		}
+	}()
 }
 
 // ErrNoSnapshot is Restore's error when the bucket holds none.

@@ -259,13 +259,20 @@ func TestRetentionGap(t *testing.T) {
 		t.Fatalf("restored at %d (%v)", from, err)
 	}
 	var gap *cluster.RetentionGapError
-	if _, err := bus.Follow(ctx, pool, from); !errors.As(err, &gap) || gap.From != 50 || gap.FirstHeld != 201 {
-		t.Fatalf("follow across the gap: %v", err)
+	if _, err := bus.Follow(ctx, pool, from); !errors.As(err, &gap) || gap.From != 50 || gap.FirstHeld != 201 || bus.RetentionGaps() != 1 {
+		t.Fatalf("follow across the gap: %v (%d counted)", err, bus.RetentionGaps())
 	}
-	// The replica that followed all along takes a fresh snapshot.
-	if _, err := a.Snapshot(ctx, poolA.Index()); err != nil {
-		t.Fatal(err)
-	}
+	// The replica that followed all along writes snapshots periodically:
+	// wait for one past the gap.
+	sctx, stop := context.WithCancel(ctx)
+	a.SnapshotEvery(sctx, poolA.Index(), 20*time.Millisecond, func(err error) { t.Error(err) })
+	waitUntil(t, "a periodic snapshot past the gap", func() bool {
+		probe := shardpool.NewPool(1, 16)
+		defer probe.Close()
+		seq, err := bus.Restore(ctx, probe)
+		return err == nil && seq == 300
+	})
+	stop()
 	fresh := shardpool.NewPool(1, 16)
 	defer fresh.Close()
 	from, err = bus.Restore(ctx, fresh)
