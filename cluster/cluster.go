@@ -170,6 +170,7 @@ type Replica struct {
 	cc   jetstream.ConsumeContext
 	seq  atomic.Uint64 // the last stream sequence applied
 	bad  atomic.Uint64 // messages that did not decode
+	snap atomic.Uint64 // the sequence of the last snapshot written
 	mu   sync.Mutex
 	lags []time.Duration // from storing in the stream to the hand-over to the indexer
 }
@@ -388,8 +389,13 @@ func (r *Replica) Snapshot(ctx context.Context, idx radix.Index) (uint64, error)
 	if _, err := r.b.snaps.PutBytes(ctx, snapshotName, buf); err != nil {
 		return 0, fmt.Errorf("cluster: snapshot at %d: %w", seq, err)
 	}
+	r.snap.Store(seq)
 	return seq, nil
 }
+
+// LastSnapshot is the stream sequence of the last snapshot this replica
+// wrote (0: none).
+func (r *Replica) LastSnapshot() uint64 { return r.snap.Load() }
 
 // SnapshotEvery writes a snapshot every interval until ctx ends (errors
 // are reported to onErr, if set, and the next tick tries again).
@@ -410,16 +416,35 @@ func (r *Replica) SnapshotEvery(ctx context.Context, idx radix.Index, interval t
 	}()
 }
 
+// snapshot reads the newest snapshot. Another replica may be replacing it
+// meanwhile (its old chunks go as the new ones land), so a read that fails
+// or stalls is tried again, three times, ten seconds each at most.
+func (b *Bus) snapshot(ctx context.Context) ([]byte, error) {
+	var err error
+	for range 3 {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		var data []byte
+		data, err = b.snaps.GetBytes(actx, snapshotName)
+		cancel()
+		switch {
+		case errors.Is(err, jetstream.ErrObjectNotFound):
+			return nil, ErrNoSnapshot
+		case err == nil:
+			return data, nil
+		case ctx.Err() != nil:
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("cluster: read snapshot: %w", err)
+}
+
 // ErrNoSnapshot is Restore's error when the bucket holds none.
 var ErrNoSnapshot = errors.New("cluster: no snapshot")
 
 // Restore applies the newest snapshot to idx and returns the stream
 // sequence it reflects; Follow from there.
 func (b *Bus) Restore(ctx context.Context, idx shardpool.Indexer) (uint64, error) {
-	data, err := b.snaps.GetBytes(ctx, snapshotName)
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return 0, ErrNoSnapshot
-	}
+	data, err := b.snapshot(ctx)
 	if err != nil {
 		return 0, err
 	}
