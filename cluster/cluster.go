@@ -438,6 +438,49 @@ func (b *Bus) snapshot(ctx context.Context) ([]byte, error) {
 	return nil, fmt.Errorf("cluster: read snapshot: %w", err)
 }
 
+// Join brings a new or restarted replica up: it restores the newest
+// snapshot into a fresh indexer (from newIndexer) and follows the stream
+// from there. When retention has dropped events after that snapshot, it
+// says so (RetentionGaps), closes that indexer, and waits (up to wait) for
+// a snapshot past the gap from the replicas writing them, then rebuilds
+// from it; it never serves an index missing events. Without any snapshot
+// it follows from the stream's start.
+func (b *Bus) Join(ctx context.Context, newIndexer func() shardpool.Indexer, wait time.Duration) (*Replica, shardpool.Indexer, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		idx := newIndexer()
+		from, err := b.Restore(ctx, idx)
+		if err != nil && !errors.Is(err, ErrNoSnapshot) {
+			idx.Close()
+			return nil, nil, err
+		}
+		r, err := b.Follow(ctx, idx, from)
+		var gap *RetentionGapError
+		switch {
+		case err == nil:
+			return r, idx, nil
+		case !errors.As(err, &gap) || time.Now().After(deadline):
+			idx.Close()
+			return nil, nil, err
+		}
+		idx.Close()
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return nil, nil, ctx.Err()
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
 // ErrNoSnapshot is Restore's error when the bucket holds none.
 var ErrNoSnapshot = errors.New("cluster: no snapshot")
 

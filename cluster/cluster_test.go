@@ -38,7 +38,7 @@ func events(n int, seed uint64) ([]kvevent.RouterEvent, radixtest.Holdings) {
 	return evs, want
 }
 
-func setup(t *testing.T) (context.Context, *cluster.Server, *cluster.Bus) {
+func setup(t testing.TB) (context.Context, *cluster.Server, *cluster.Bus) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
@@ -262,24 +262,37 @@ func TestRetentionGap(t *testing.T) {
 	if _, err := bus.Follow(ctx, pool, from); !errors.As(err, &gap) || gap.From != 50 || gap.FirstHeld != 201 || bus.RetentionGaps() != 1 {
 		t.Fatalf("follow across the gap: %v (%d counted)", err, bus.RetentionGaps())
 	}
-	// The replica that followed all along writes snapshots periodically:
-	// wait for one past the gap.
+	// Join waits for a snapshot past the gap, written periodically by the
+	// replica that followed all along, and rebuilds from it.
 	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	joined := make(chan error, 1)
+	var fresh shardpool.Indexer
+	var r *cluster.Replica
+	go func() {
+		var err error
+		r, fresh, err = bus.Join(ctx, func() shardpool.Indexer { return shardpool.NewPool(1, 16) }, 20*time.Second)
+		joined <- err
+	}()
+	waitUntil(t, "Join to meet the gap", func() bool { return bus.RetentionGaps() >= 2 })
 	a.SnapshotEvery(sctx, poolA.Index(), 20*time.Millisecond, func(err error) { t.Error(err) })
-	waitUntil(t, "a periodic snapshot past the gap", func() bool { return a.LastSnapshot() == 300 })
-	stop()
-	fresh := shardpool.NewPool(1, 16)
-	defer fresh.Close()
-	from, err = bus.Restore(ctx, fresh)
-	if err != nil || from != 300 {
-		t.Fatalf("restored at %d (%v)", from, err)
-	}
-	r, err := bus.Follow(ctx, fresh, from)
-	if err != nil {
+	if err := <-joined; err != nil {
 		t.Fatal(err)
 	}
+	stop()
 	defer r.Close()
-	holds(t, fresh.Index(), want, "the replica rebuilt from a fresh snapshot")
+	defer fresh.Close()
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if bus.RetentionGaps() < 2 {
+		t.Fatalf("%d retention gaps counted, want Join's too", bus.RetentionGaps())
+	}
+	pool2, ok := fresh.(*shardpool.Pool)
+	if !ok {
+		t.Fatalf("%T", fresh)
+	}
+	holds(t, pool2.Index(), want, "the replica rebuilt from a fresh snapshot")
 }
 
 // Two replicas share load: a request admitted on one is counted on the
