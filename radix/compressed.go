@@ -801,7 +801,10 @@ func (t *CompressedTree) dumpEach(yield func(kvevent.RouterEvent)) {
 		starts[r] = d
 		return d
 	}
-	d := &dumper[uint64]{root: 0, yield: yield}
+	d := &dumper[uint64]{root: 0, yield: yield, owns: func(w kvevent.Worker, h uint64) bool {
+		_, ok := t.workers[w].eng.get(h)
+		return ok
+	}}
 	var pairs []pair
 	for w, xw := range t.workers {
 		xw.eng.each(func(h, loc uint64) {

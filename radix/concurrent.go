@@ -619,7 +619,11 @@ func (t *ConcurrentTree) dumpEach(yield func(kvevent.RouterEvent)) {
 		depths[k] = d
 		return d
 	}
-	d := &dumper[uint64]{root: rootKey, yield: yield}
+	d := &dumper[uint64]{root: rootKey, yield: yield, owns: func(w kvevent.Worker, h uint64) bool {
+		cw, _ := t.workers.Load(w)
+		_, ok := cw.lookup[h]
+		return ok
+	}}
 	t.workers.Range(func(w kvevent.Worker, cw *cworker) bool {
 		for h, k := range cw.lookup {
 			if _, seen := d.held[w][k]; !seen {

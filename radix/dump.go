@@ -24,10 +24,11 @@ type dumper[N comparable] struct {
 	held   map[kvevent.Worker]map[N]uint64   // the smallest engine hash naming each held node
 	extra  map[kvevent.Worker]map[N][]uint64 // further aliases, sorted (rare)
 
+	owns func(w kvevent.Worker, h uint64) bool // whether w names a node h in the index
+
 	placeholders map[kvevent.Worker]map[N]uint64
-	used         map[kvevent.Worker]map[uint64]bool
 	removals     []kvevent.RouterEvent
-	nextHash     uint64
+	nextHash     uint64                    // counts down: placeholders never share a hash
 	yield        func(kvevent.RouterEvent) // hears every event, in order
 	n            uint64                    // events yielded so far
 }
@@ -100,28 +101,13 @@ func (d *dumper[N]) parentHash(w kvevent.Worker, p N) (uint64, bool) {
 	return h, true
 }
 
-// freshHash returns an engine hash w uses for nothing else.
+// freshHash returns an engine hash w uses for nothing else. It asks the
+// index rather than keeping a set of w's hashes: a dump of a large index
+// should not hold a second copy of its tables.
 func (d *dumper[N]) freshHash(w kvevent.Worker) uint64 {
-	if d.used == nil {
-		d.used = map[kvevent.Worker]map[uint64]bool{}
-	}
-	used := d.used[w]
-	if used == nil {
-		used = map[uint64]bool{}
-		for _, h := range d.held[w] {
-			used[h] = true
-		}
-		for _, hs := range d.extra[w] {
-			for _, h := range hs {
-				used[h] = true
-			}
-		}
-		d.used[w] = used
-	}
 	for {
 		d.nextHash--
-		if !used[d.nextHash] {
-			used[d.nextHash] = true
+		if !d.owns(w, d.nextHash) {
 			return d.nextHash
 		}
 	}

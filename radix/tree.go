@@ -233,6 +233,10 @@ func (t *Tree) dumpEach(yield func(kvevent.RouterEvent)) {
 		root:   t.root,
 		key:    func(n *node) uint64 { return n.key },
 		parent: func(n *node) *node { return n.parent },
+		owns: func(w kvevent.Worker, h uint64) bool {
+			_, ok := t.workers[w].names[h]
+			return ok
+		},
 	}
 	// Invert each worker's map: which engine hashes name a held node.
 	for w, tw := range t.workers {

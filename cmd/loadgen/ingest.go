@@ -44,6 +44,9 @@ type ingestResult struct {
 	FramesRefused  uint64  `json:"frames_refused"`
 	SuspectSeqs    uint64  `json:"suspect_seqs"`
 	Faults         bool    `json:"faults"`
+	PayloadMB      float64 `json:"payload_mb"`
+	MemLimitMiB    int     `json:"mem_limit_mib"`
+	PeakRSSMB      float64 `json:"peak_rss_mb"`
 	IndexEqual     bool    `json:"index_equal"`
 	IndexDiff      string  `json:"index_diff,omitempty"`
 	Interrupted    bool    `json:"interrupted,omitempty"`
@@ -65,6 +68,7 @@ type ingestConfig struct {
 	cpuprofile string
 	memprofile string
 	faults     bool
+	memLimit   int // MiB
 }
 
 func (c *ingestConfig) register(fs *flag.FlagSet) {
@@ -80,12 +84,15 @@ func (c *ingestConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.lanes, "lanes", 2, "indexer lanes")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed")
 	fs.BoolVar(&c.faults, "faults", false, "inject a disconnect, a stalled replay socket, a forged sequence (engines 1, 2, 3 a third of the way) and a peer announcing a 2^62-byte frame")
+	fs.IntVar(&c.memLimit, "memlimit", 400, "soft memory limit of the Go runtime in `MiB` (debug.SetMemoryLimit), as a deployed router runs with GOMEMLIMIT; 0 keeps the runtime's")
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the timed part to `file`")
 	fs.StringVar(&c.memprofile, "memprofile", "", "write a heap profile to `file` when the engines are done")
 }
 
 func (c *ingestConfig) validate() error {
 	switch {
+	case c.memLimit < 0:
+		return fmt.Errorf("-memlimit must be >= 0")
 	case c.engines < 1 || c.events < 1 || c.perBatch < 1 || c.blocks < 1 || c.blockSize < 1 || c.lanes < 1:
 		return fmt.Errorf("-engines, -events, -batch, -blocks-per-event, -block-size and -lanes must be >= 1")
 	case c.drop < 0 || c.drop >= 1 || c.removes < 0 || c.removes >= 1:
@@ -105,6 +112,17 @@ type ingestEngine struct {
 	restart int // batch index to restart before; -1 for none
 	enc     vllm.Encoding
 	pending [][]byte // encoded before timing, dropped as published
+	encoded int      // bytes in pending, at first
+}
+
+// encodedBytes is how much the engines encoded before timing: held by the
+// harness, as engines in their own processes would hold it.
+func encodedBytes(engs []*ingestEngine) int {
+	n := 0
+	for _, e := range engs {
+		n += e.encoded
+	}
+	return n
 }
 
 // batches calls f with each batch in order (restarted reports the batch
@@ -143,6 +161,9 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	}
 	intr, release := watch(stop)
 	defer release()
+	if c.memLimit > 0 {
+		defer debug.SetMemoryLimit(debug.SetMemoryLimit(int64(c.memLimit) << 20))
+	}
 	engs, err := c.startEngines(intr)
 	defer func() {
 		for _, e := range engs {
@@ -152,7 +173,7 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	if err != nil {
 		return err
 	}
-	decodeNs, payloadBytes, err := c.measureDecode(engs[0])
+	decodeNs, batchBytes, err := c.measureDecode(engs[0])
 	if err != nil {
 		return err
 	}
@@ -188,7 +209,8 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	}
 	res := c.result(run, pool, time.Since(start), decodeNs)
 	res.Command = commandLine("ingest", args)
-	if err := c.out.write(stdout, res, func() { printIngest(stdout, res, payloadBytes) }, func() { printIngestBench(stdout, res) }); err != nil {
+	res.PayloadMB, res.MemLimitMiB, res.PeakRSSMB = float64(encodedBytes(engs))/1e6, c.memLimit, float64(peakRSS())/1e6
+	if err := c.out.write(stdout, res, func() { printIngest(stdout, res, batchBytes) }, func() { printIngestBench(stdout, res) }); err != nil {
 		return err
 	}
 	for _, l := range sub.Stats().RecentLosses {
@@ -235,6 +257,7 @@ func (c *ingestConfig) startEngines(intr *interrupt) ([]*ingestEngine, error) {
 		e.batches(c, func(_ int, _ bool, evs []vllm.Event) bool {
 			buf = vllm.AppendBatch(buf[:0], &vllm.Batch{Events: evs}, enc)
 			e.pending = append(e.pending, bytes.Clone(buf)) // exact size: no spare capacity held
+			e.encoded += len(buf)
 			return !intr.Load()
 		})
 	}
@@ -470,30 +493,38 @@ func (c *ingestConfig) result(r *ingestRun, pool *shardpool.Pool, elapsed time.D
 	for _, e := range r.engs {
 		e.pub.Close() // their replay rings are not needed any more
 	}
+	// The rings were most of the heap: collect them now, or the heap goal
+	// they set lets the verification's garbage grow to twice their size.
+	debug.FreeOSMemory()
 	want := c.directHoldings(r.engs)
 	res.IndexDiff = want.DiffIndex(pool.Index())
 	res.IndexEqual = res.IndexDiff == ""
 	return res
 }
 
-func printIngest(w io.Writer, res ingestResult, payloadBytes int) {
+func printIngest(w io.Writer, res ingestResult, batchBytes int) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "engines\t%d (array+legacy replay framing, map+topic framing alternating)\n", res.Engines)
 	fmt.Fprintf(tw, "events\t%d in %d batches, %d blocks of %d tokens per BlockStored\n", res.Events, res.Batches, res.BlocksPerEvent, res.BlockSize)
 	fmt.Fprintf(tw, "end to end\t%.0f events/s, %.0f blocks/s (%.2fs)\n", res.EventsS, res.BlocksS, res.ElapsedS)
-	fmt.Fprintf(tw, "decode\t%.0f ns/event (%d-byte batches)\n", res.DecodeNsEvent, payloadBytes)
+	fmt.Fprintf(tw, "decode\t%.0f ns/event (%d-byte batches)\n", res.DecodeNsEvent, batchBytes)
 	fmt.Fprintf(tw, "gaps\t%d batches dropped on the wire; %d gaps found, %d repaired (%d batches replayed), %d lost (%d batches)\n",
 		res.DroppedBatches, res.GapsFound, res.GapsRepaired, res.Replayed, res.GapsLost, res.BatchesLost)
 	fmt.Fprintf(tw, "restarts\t%d\n", res.Restarts)
 	fmt.Fprintf(tw, "faults\t%v: %d disconnects, %d frames refused, %d suspect sequences\n", res.Faults, res.Disconnects, res.FramesRefused, res.SuspectSeqs)
 	fmt.Fprintf(tw, "rejected\t%d events\n", res.Rejected)
+	limit := "none"
+	if res.MemLimitMiB > 0 {
+		limit = fmt.Sprintf("%d MiB", res.MemLimitMiB)
+	}
+	fmt.Fprintf(tw, "memory\tpeak RSS %.0f MB (soft limit %s); the engines' encoded batches, held by the harness: %.0f MB\n", res.PeakRSSMB, limit, res.PayloadMB)
 	fmt.Fprintf(tw, "final index\tequal to the direct build: %v %s\n", res.IndexEqual, res.IndexDiff)
 	tw.Flush()
 }
 
 func printIngestBench(w io.Writer, res ingestResult) {
-	fmt.Fprintf(w, "pkg: github.com/kvradix/kvradix/cmd/loadgen\nBenchmarkIngest/engines=%d/blocks=%d 1 %.0f ns/op %.0f events/s %.0f blocks/s %.0f decode-ns/event\n",
-		res.Engines, res.BlocksPerEvent, res.ElapsedS*1e9, res.EventsS, res.BlocksS, res.DecodeNsEvent)
+	fmt.Fprintf(w, "pkg: github.com/kvradix/kvradix/cmd/loadgen\nBenchmarkIngest/engines=%d/blocks=%d 1 %.0f ns/op %.0f events/s %.0f blocks/s %.0f decode-ns/event %.0f peak-RSS-MB\n",
+		res.Engines, res.BlocksPerEvent, res.ElapsedS*1e9, res.EventsS, res.BlocksS, res.DecodeNsEvent, res.PeakRSSMB)
 }
 
 // hostilePeer is an "engine" that greets like a PUB, then announces a

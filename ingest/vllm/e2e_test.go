@@ -274,6 +274,8 @@ func TestSubscriberLifecycle(t *testing.T) {
 	}
 }
 
+// TestPublisherAfterClose: a closed publisher refuses work and lets go of
+// its ring (a closed engine's payloads must not stay live).
 func TestPublisherAfterClose(t *testing.T) {
 	p, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 4})
 	if err != nil {
@@ -284,6 +286,9 @@ func TestPublisherAfterClose(t *testing.T) {
 	}
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
+	}
+	if p.ring != nil {
+		t.Fatal("a closed publisher still holds its replay ring")
 	}
 	if _, err := p.Publish(nil); !errors.Is(err, ErrPublisherClosed) {
 		t.Fatalf("publish after close: %v", err)

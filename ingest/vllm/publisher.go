@@ -247,7 +247,8 @@ func (p *Publisher) reply(id, seq, payload []byte) error {
 // Close.
 var ErrPublisherClosed = errors.New("vllm: publisher closed")
 
-// Close closes the sockets and waits for the replay server.
+// Close closes the sockets, waits for the replay server and lets go of the
+// replay ring.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	closed := p.closed
@@ -262,5 +263,8 @@ func (p *Publisher) Close() error {
 		err = errors.Join(err, p.router.Close())
 	}
 	p.wg.Wait()
+	p.mu.Lock()
+	p.ring, p.head = nil, 0 // the payloads can be large, and the Publisher may stay referenced
+	p.mu.Unlock()
 	return err
 }

@@ -3,6 +3,7 @@ package radixtest
 import (
 	"errors"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -112,6 +113,15 @@ func Run(t *testing.T, newIndex func() radix.Index) {
 		{
 			name:     "removing a middle block leaves a hole",
 			steps:    []step{ev(Stored(w1, -1, 10, 1, 11, 2, 12, 3), nil), ev(Removed(w1, 11), nil)},
+			query:    []uint64{1, 2, 3},
+			want:     Scores{w1: 1},
+			wantSize: 2,
+		},
+		{
+			// Placeholder hashes count down from 2^64-1; the dump must
+			// skip the ones the worker holds.
+			name:     "a dump's placeholder for a hole avoids the hashes the worker holds",
+			steps:    []step{ev(Stored(w1, -1, math.MaxUint64, 1, 11, 2, math.MaxUint64-1, 3), nil), ev(Removed(w1, 11), nil)},
 			query:    []uint64{1, 2, 3},
 			want:     Scores{w1: 1},
 			wantSize: 2,
