@@ -68,7 +68,7 @@ type ingestConfig struct {
 	cpuprofile string
 	memprofile string
 	faults     bool
-	memLimit   int // MiB
+	memLimit   int // MiB; 0 none, -1 auto (see memLimitFor)
 }
 
 func (c *ingestConfig) register(fs *flag.FlagSet) {
@@ -84,15 +84,15 @@ func (c *ingestConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.lanes, "lanes", 2, "indexer lanes")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed")
 	fs.BoolVar(&c.faults, "faults", false, "inject a disconnect, a stalled replay socket, a forged sequence (engines 1, 2, 3 a third of the way) and a peer announcing a 2^62-byte frame")
-	fs.IntVar(&c.memLimit, "memlimit", 400, "soft memory limit of the Go runtime in `MiB` (debug.SetMemoryLimit), as a deployed router runs with GOMEMLIMIT; 0 keeps the runtime's")
+	fs.IntVar(&c.memLimit, "memlimit", -1, "soft memory limit of the Go runtime in `MiB` (debug.SetMemoryLimit), as a deployed router runs with GOMEMLIMIT; -1: twice the engines' encoded batches plus 64 MiB; 0: none")
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the timed part to `file`")
 	fs.StringVar(&c.memprofile, "memprofile", "", "write a heap profile to `file` when the engines are done")
 }
 
 func (c *ingestConfig) validate() error {
 	switch {
-	case c.memLimit < 0:
-		return fmt.Errorf("-memlimit must be >= 0")
+	case c.memLimit < -1:
+		return fmt.Errorf("-memlimit must be >= -1")
 	case c.engines < 1 || c.events < 1 || c.perBatch < 1 || c.blocks < 1 || c.blockSize < 1 || c.lanes < 1:
 		return fmt.Errorf("-engines, -events, -batch, -blocks-per-event, -block-size and -lanes must be >= 1")
 	case c.drop < 0 || c.drop >= 1 || c.removes < 0 || c.removes >= 1:
@@ -103,16 +103,29 @@ func (c *ingestConfig) validate() error {
 
 // ingestEngine is one mock engine: its publisher and its batches, a
 // deterministic stream: generated and encoded before timing (a real engine
-// does both in its own process) and dropped as published, then generated
-// again for the direct build, so that nothing holds the batches twice.
+// does both in its own process) and handed to the publisher's replay ring
+// as published, then generated again for the direct build, so that nothing
+// holds the batches twice.
 type ingestEngine struct {
 	pub     *vllm.Publisher
 	seed    uint64
 	n       int // batches
 	restart int // batch index to restart before; -1 for none
 	enc     vllm.Encoding
-	pending [][]byte // encoded before timing, dropped as published
+	pending [][]byte // encoded before timing, handed to the ring as published
 	encoded int      // bytes in pending, at first
+}
+
+// memLimitFor is the soft memory limit in MiB (0 for none). Automatic, it
+// is twice what the engines encoded plus 64 MiB: the live heap is those
+// batches, the index (about a third of their size here) and the queues, so
+// the limit leaves the collector room; below the live heap it would
+// collect without end.
+func (c *ingestConfig) memLimitFor(engs []*ingestEngine) int {
+	if c.memLimit >= 0 {
+		return c.memLimit
+	}
+	return 2*encodedBytes(engs)>>20 + 64
 }
 
 // encodedBytes is how much the engines encoded before timing: held by the
@@ -161,9 +174,6 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	}
 	intr, release := watch(stop)
 	defer release()
-	if c.memLimit > 0 {
-		defer debug.SetMemoryLimit(debug.SetMemoryLimit(int64(c.memLimit) << 20))
-	}
 	engs, err := c.startEngines(intr)
 	defer func() {
 		for _, e := range engs {
@@ -172,6 +182,10 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	}()
 	if err != nil {
 		return err
+	}
+	limit := c.memLimitFor(engs)
+	if limit > 0 {
+		defer debug.SetMemoryLimit(debug.SetMemoryLimit(int64(limit) << 20))
 	}
 	decodeNs, batchBytes, err := c.measureDecode(engs[0])
 	if err != nil {
@@ -209,7 +223,7 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	}
 	res := c.result(run, pool, time.Since(start), decodeNs)
 	res.Command = commandLine("ingest", args)
-	res.PayloadMB, res.MemLimitMiB, res.PeakRSSMB = float64(encodedBytes(engs))/1e6, c.memLimit, float64(peakRSS())/1e6
+	res.PayloadMB, res.MemLimitMiB, res.PeakRSSMB = float64(encodedBytes(engs))/1e6, limit, float64(peakRSS())/1e6
 	if err := c.out.write(stdout, res, func() { printIngest(stdout, res, batchBytes) }, func() { printIngestBench(stdout, res) }); err != nil {
 		return err
 	}
@@ -233,7 +247,10 @@ func (c *ingestConfig) batchesPerEngine() int {
 // startEngines binds a publisher per engine (array encoding and legacy
 // replay framing, map encoding and topic framing, alternating) and
 // generates its batches (an interrupt cuts them short); engine 0 restarts
-// half way if asked. Each keeps a ring of 1,024 batches for replay.
+// half way if asked. Each keeps vLLM's default replay ring (10,000
+// batches): the ring shares the encoded batches, so it costs no memory, and
+// a smaller one would be overrun by a subscriber whose queue runs a
+// thousand batches behind (losses, counted, in longer runs).
 func (c *ingestConfig) startEngines(intr *interrupt) ([]*ingestEngine, error) {
 	n := c.batchesPerEngine()
 	var engs []*ingestEngine
@@ -243,7 +260,7 @@ func (c *ingestConfig) startEngines(intr *interrupt) ([]*ingestEngine, error) {
 			enc, framing = vllm.MapEncoding, vllm.FramingTopic
 		}
 		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0",
-			Topic: fmt.Sprintf("kv@engine-%d@model", i), Encoding: enc, Framing: framing, BufferSteps: 1024})
+			Topic: fmt.Sprintf("kv@engine-%d@model", i), Encoding: enc, Framing: framing})
 		if err != nil {
 			return engs, err
 		}

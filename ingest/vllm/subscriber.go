@@ -43,7 +43,11 @@ type SubscriberConfig struct {
 	// MaxQueueBytes bounds, per endpoint, the bytes of messages received
 	// and not yet applied; past it the endpoint stops reading and the
 	// engine's socket pushes back (32 MiB; a message larger than the bound
-	// is still taken, alone).
+	// is still taken, alone). The queue also holds at most 4,096 messages.
+	// A gap is found when the batch after it leaves the queue, and repaired
+	// only if the engine's replay ring still holds it: keep the queue, in
+	// batches, well within the ring (vLLM's holds 10,000), or a subscriber
+	// running behind loses what it could have repaired (counted).
 	MaxQueueBytes int
 	// MaxSeqJump is the furthest ahead of the expected sequence a live
 	// message is believed without the engine's ring reaching it (10,000,
