@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -164,6 +167,7 @@ func TestRouterCommand(t *testing.T) {
 }
 
 func TestIngestCommand(t *testing.T) {
+	limit := debug.SetMemoryLimit(-1)
 	out, _, err := runArgs(t, "ingest", "-json", "-engines", "2", "-events", "1600", "-blocks-per-event", "8", "-drop", "0.05")
 	if err != nil {
 		t.Fatal(err)
@@ -171,6 +175,12 @@ func TestIngestCommand(t *testing.T) {
 	var res ingestResult
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatal(err)
+	}
+	if after := debug.SetMemoryLimit(-1); after != limit {
+		t.Fatalf("the run left the memory limit at %d, was %d", after, limit)
+	}
+	if res.PayloadMB <= 0 || res.MemLimitMiB != 2*int(math.Round(res.PayloadMB*1e6))>>20+64 || (runtime.GOOS == "linux" && res.PeakRSSMB <= 0) {
+		t.Fatalf("memory: %v MB encoded, limit %d MiB, peak RSS %v MB", res.PayloadMB, res.MemLimitMiB, res.PeakRSSMB)
 	}
 	if !res.IndexEqual || res.Rejected != 0 || res.Restarts != 1 || res.GapsLost != 0 || res.GapsRepaired != res.GapsFound || res.EventsS <= 0 {
 		t.Fatalf("%+v", res)
