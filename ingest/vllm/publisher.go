@@ -86,7 +86,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		if err := p.router.Listen(cfg.ReplayEndpoint); err != nil {
 			cancel()
 			p.pub.Close()
-			p.router.Close()
+			closeReceiver(p.router)
 			return nil, fmt.Errorf("vllm: publisher: replay listen %s: %w", cfg.ReplayEndpoint, err)
 		}
 		p.wg.Add(1)
@@ -260,7 +260,7 @@ func (p *Publisher) Close() error {
 	p.cancel()
 	err := p.pub.Close()
 	if p.router != nil {
-		err = errors.Join(err, p.router.Close())
+		err = errors.Join(err, closeReceiver(p.router))
 	}
 	p.wg.Wait()
 	p.mu.Lock()

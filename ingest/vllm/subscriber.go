@@ -182,7 +182,7 @@ func NewSubscriber(idx shardpool.Indexer, cfg SubscriberConfig, eps ...Endpoint)
 			err = e.sub.SetOption(zmq4.OptionSubscribe, ep.Topic)
 		}
 		if err != nil {
-			e.sub.Close()
+			closeReceiver(e.sub)
 			s.Close()
 			return nil, fmt.Errorf("vllm: subscriber: worker %d at %s: %w", ep.Worker, ep.Address, err)
 		}
@@ -460,17 +460,17 @@ func (s *Subscriber) replayStream(ctx context.Context, e *endpoint, from uint64)
 	}
 	dealer := zmq4.NewDealer(ctx, zmq4.WithTimeout(s.cfg.ReplayIdle), zmq4.WithDialerTimeout(s.cfg.HandshakeTimeout), zmq4.WithDialerMaxRetries(0))
 	if err := dealer.Dial(s.guard.endpoint(e.cfg.Replay)); err != nil {
-		dealer.Close()
+		closeReceiver(dealer)
 		return nil, "replay dial: " + err.Error()
 	}
 	if err := dealer.Send(zmq4.NewMsgFrom([]byte{}, seqFrame(from))); err != nil {
-		dealer.Close()
+		closeReceiver(dealer)
 		return nil, "replay request: " + err.Error()
 	}
 	replies := make(chan replayed)
 	go func() {
 		defer close(replies)
-		defer dealer.Close()
+		defer closeReceiver(dealer)
 		for {
 			msg, err := dealer.Recv()
 			if err != nil {
@@ -667,7 +667,7 @@ func (s *Subscriber) Close() error {
 	}
 	var err error
 	for _, e := range s.eps {
-		err = errors.Join(err, e.sub.Close())
+		err = errors.Join(err, closeReceiver(e.sub))
 	}
 	s.wg.Wait()
 	return err
