@@ -783,11 +783,6 @@ func (t *CompressedTree) dumpEach(yield func(kvevent.RouterEvent)) {
 	t.ready()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	type pair struct {
-		w     kvevent.Worker
-		loc   uint64
-		depth uint32
-	}
 	starts := map[*crun]uint32{} // depth of each run's first block
 	var startOf func(r *crun) uint32
 	startOf = func(r *crun) uint32 {
@@ -801,48 +796,34 @@ func (t *CompressedTree) dumpEach(yield func(kvevent.RouterEvent)) {
 		starts[r] = d
 		return d
 	}
-	d := &dumper[uint64]{root: 0, yield: yield, owns: func(w kvevent.Worker, h uint64) bool {
-		_, ok := t.workers[w].eng.get(h)
-		return ok
-	}}
-	var pairs []pair
-	for w, xw := range t.workers {
-		xw.eng.each(func(h, loc uint64) {
-			if _, seen := d.held[w][loc]; !seen {
-				r, off := t.unpack(loc)
-				pairs = append(pairs, pair{w, loc, startOf(r) + off})
+	d := &dumper[uint64]{
+		root:  0,
+		yield: yield,
+		key: func(loc uint64) uint64 {
+			r, off := t.unpack(loc)
+			return r.view()[off]
+		},
+		parent: func(loc uint64) uint64 {
+			r, off := t.unpack(loc)
+			switch {
+			case off > 0:
+				return pack(r, off-1)
+			case r.parent != nil:
+				return pack(r.parent, r.parentOff)
 			}
-			d.addHeld(w, loc, h)
-		})
+			return 0
+		},
+		owns: func(w kvevent.Worker, h uint64) bool {
+			_, ok := t.workers[w].eng.get(h)
+			return ok
+		},
 	}
-	slices.SortFunc(pairs, func(a, b pair) int {
-		if a.depth != b.depth {
-			return int(a.depth) - int(b.depth)
+	dumpByDepth(d, func(add func(w kvevent.Worker, h, n uint64)) {
+		for w, xw := range t.workers {
+			xw.eng.each(func(h, loc uint64) { add(w, h, loc) })
 		}
-		if a.loc != b.loc {
-			if a.loc < b.loc {
-				return -1
-			}
-			return 1
-		}
-		return compareWorkers(a.w, b.w)
+	}, func(loc uint64) uint32 {
+		r, off := t.unpack(loc)
+		return startOf(r) + off
 	})
-	d.key = func(loc uint64) uint64 {
-		r, off := t.unpack(loc)
-		return r.view()[off]
-	}
-	d.parent = func(loc uint64) uint64 {
-		r, off := t.unpack(loc)
-		switch {
-		case off > 0:
-			return pack(r, off-1)
-		case r.parent != nil:
-			return pack(r.parent, r.parentOff)
-		}
-		return 0
-	}
-	for _, p := range pairs {
-		d.emit(p.w, p.loc)
-	}
-	d.finish()
 }

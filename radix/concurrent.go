@@ -602,15 +602,9 @@ func (t *ConcurrentTree) Dump() []kvevent.RouterEvent { return collect(t.dumpEac
 // dumpEach yields what Dump returns (see DumpEach).
 func (t *ConcurrentTree) dumpEach(yield func(kvevent.RouterEvent)) {
 	t.ready()
-	type pair struct {
-		w     kvevent.Worker
-		key   uint64
-		depth int
-	}
-	var pairs []pair
-	depths := map[uint64]int{rootKey: 0}
-	var depthOf func(k uint64) int
-	depthOf = func(k uint64) int {
+	depths := map[uint64]uint32{rootKey: 0}
+	var depthOf func(k uint64) uint32
+	depthOf = func(k uint64) uint32 {
 		if d, ok := depths[k]; ok {
 			return d
 		}
@@ -619,42 +613,29 @@ func (t *ConcurrentTree) dumpEach(yield func(kvevent.RouterEvent)) {
 		depths[k] = d
 		return d
 	}
-	d := &dumper[uint64]{root: rootKey, yield: yield, owns: func(w kvevent.Worker, h uint64) bool {
-		cw, _ := t.workers.Load(w)
-		_, ok := cw.lookup[h]
-		return ok
-	}}
-	t.workers.Range(func(w kvevent.Worker, cw *cworker) bool {
-		for h, k := range cw.lookup {
-			if _, seen := d.held[w][k]; !seen {
-				pairs = append(pairs, pair{w, k, depthOf(k)})
+	d := &dumper[uint64]{
+		root:  rootKey,
+		yield: yield,
+		key: func(k uint64) uint64 {
+			n, _ := t.nodes.Load(k)
+			return localOf(k, n.parent)
+		},
+		parent: func(k uint64) uint64 {
+			n, _ := t.nodes.Load(k)
+			return n.parent
+		},
+		owns: func(w kvevent.Worker, h uint64) bool {
+			cw, _ := t.workers.Load(w)
+			_, ok := cw.lookup[h]
+			return ok
+		},
+	}
+	dumpByDepth(d, func(add func(w kvevent.Worker, h, n uint64)) {
+		t.workers.Range(func(w kvevent.Worker, cw *cworker) bool {
+			for h, k := range cw.lookup {
+				add(w, h, k)
 			}
-			d.addHeld(w, k, h)
-		}
-		return true
-	})
-	slices.SortFunc(pairs, func(a, b pair) int {
-		if a.depth != b.depth {
-			return a.depth - b.depth
-		}
-		if a.key != b.key {
-			if a.key < b.key {
-				return -1
-			}
-			return 1
-		}
-		return compareWorkers(a.w, b.w)
-	})
-	d.key = func(k uint64) uint64 {
-		n, _ := t.nodes.Load(k)
-		return localOf(k, n.parent)
-	}
-	d.parent = func(k uint64) uint64 {
-		n, _ := t.nodes.Load(k)
-		return n.parent
-	}
-	for _, p := range pairs {
-		d.emit(p.w, p.key)
-	}
-	d.finish()
+			return true
+		})
+	}, depthOf)
 }

@@ -136,6 +136,35 @@ func (d *dumper[N]) finish() {
 	}
 }
 
+// heldAt is a node n held by worker w, n's depth below the root.
+type heldAt struct {
+	w     kvevent.Worker
+	n     uint64
+	depth uint32
+}
+
+// dumpByDepth is the dump of an index whose nodes are uint64 keys and
+// which cannot walk its tree parents first: each calls add with every
+// (worker, engine hash, node) it holds, and the nodes are emitted sorted by
+// depth, then node, then worker, so that parents come first and the order
+// is deterministic. d's key, parent and owns must be set.
+func dumpByDepth(d *dumper[uint64], each func(add func(w kvevent.Worker, h, n uint64)), depth func(n uint64) uint32) {
+	var pairs []heldAt
+	each(func(w kvevent.Worker, h, n uint64) {
+		if _, seen := d.held[w][n]; !seen {
+			pairs = append(pairs, heldAt{w, n, depth(n)})
+		}
+		d.addHeld(w, n, h)
+	})
+	slices.SortFunc(pairs, func(a, b heldAt) int {
+		return cmp.Or(cmp.Compare(a.depth, b.depth), cmp.Compare(a.n, b.n), compareWorkers(a.w, b.w))
+	})
+	for _, p := range pairs {
+		d.emit(p.w, p.n)
+	}
+	d.finish()
+}
+
 // collect returns what dump yields, as a slice.
 func collect(dump func(yield func(kvevent.RouterEvent))) []kvevent.RouterEvent {
 	var out []kvevent.RouterEvent
