@@ -32,6 +32,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kvradix/kvradix/internal/ctxwait"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/shardpool"
@@ -464,20 +465,9 @@ func (b *Bus) Join(ctx context.Context, newIndexer func() shardpool.Indexer, wai
 			return nil, nil, err
 		}
 		idx.Close()
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !ctxwait.Sleep(ctx, 100*time.Millisecond) {
 			return nil, nil, ctx.Err()
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

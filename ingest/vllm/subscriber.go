@@ -12,6 +12,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/zeebo/xxh3"
 
+	"github.com/kvradix/kvradix/internal/ctxwait"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/shardpool"
 )
@@ -210,7 +211,7 @@ func (s *Subscriber) receive(e *endpoint) {
 				return
 			}
 			s.c.disconnects.Add(1)
-			if !sleepCtx(s.ctx, backoff) {
+			if !ctxwait.Sleep(s.ctx, backoff) {
 				return
 			}
 			backoff = min(2*backoff, most)
@@ -276,18 +277,6 @@ func (b *byteBudget) wake() {
 		b.cond.Broadcast()
 	}
 	b.mu.Unlock()
-}
-
-// sleepCtx waits d or until ctx ends; it reports false if ctx ended.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 func (s *Subscriber) process(e *endpoint) {
