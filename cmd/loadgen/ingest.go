@@ -510,9 +510,6 @@ func (c *ingestConfig) result(r *ingestRun, pool *shardpool.Pool, elapsed time.D
 	for _, e := range r.engs {
 		e.pub.Close() // their replay rings are not needed any more
 	}
-	// The rings were most of the heap: collect them now, or the heap goal
-	// they set lets the verification's garbage grow to twice their size.
-	debug.FreeOSMemory()
 	want := c.directHoldings(r.engs)
 	res.IndexDiff = want.DiffIndex(pool.Index())
 	res.IndexEqual = res.IndexDiff == ""
