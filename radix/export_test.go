@@ -182,21 +182,22 @@ func NewCompressedTreeColliding() *CompressedTree {
 // long as what is needed of it; holders' cuts, tops and counts agree with
 // their bitsets; and the workers' tables name exactly the held positions.
 func CompressedInvariants(t *CompressedTree) (runs int, err error) {
+	t.ready()
 	kids := map[*crun]map[uint32]uint32{}
 	members := 0
-	for id, r := range t.runs {
-		if r == nil {
-			continue
-		}
+	var all []*crun
+	t.runs.each(func(r *crun) { all = append(all, r) })
+	for _, r := range all {
 		runs++
-		if r.id != uint32(id) {
-			return runs, fmt.Errorf("run %d has id %d", id, r.id)
+		id := r.id
+		if r.dead || t.runs.get(id) != r {
+			return runs, fmt.Errorf("run %d is dead or registered elsewhere", id)
 		}
 		if t.child(r.parent, r.parentOff, r.first) != r {
 			return runs, fmt.Errorf("run %d is not found where it hangs", id)
 		}
 		if p := r.parent; p != nil {
-			if t.runs[p.id] != p {
+			if t.runs.get(p.id) != p || p.dead {
 				return runs, fmt.Errorf("run %d hangs from a deleted run", id)
 			}
 			if r.parentOff >= p.n.Load() {
@@ -213,13 +214,16 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 		if r.view()[0] != r.first {
 			return runs, fmt.Errorf("run %d: first block %x, edge says %x", id, r.view()[0], r.first)
 		}
+		if r.hw < r.n.Load() || int(r.hw) > len(*r.keys.Load()) {
+			return runs, fmt.Errorf("run %d: published %d of an array of %d, length %d", id, r.hw, len(*r.keys.Load()), r.n.Load())
+		}
 		hs := r.holderArray()
 		for i := range hs {
 			h := &hs[i]
 			if i > 0 && hs[i-1].w.slot >= h.w.slot {
 				return runs, fmt.Errorf("run %d: holders not sorted by slot", id)
 			}
-			if t.workers[h.w.worker] != h.w {
+			if xw, _ := t.workers.Load(h.w.worker); xw != h.w {
 				return runs, fmt.Errorf("run %d holds forgotten worker %v", id, h.w.worker)
 			}
 			cnt := uint32(0)
@@ -242,10 +246,7 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 			return runs, fmt.Errorf("run %d: length %d, needed %d", id, r.n.Load(), r.extent())
 		}
 	}
-	for _, r := range t.runs {
-		if r == nil {
-			continue
-		}
+	for _, r := range all {
 		want := kids[r]
 		if len(want) != len(r.kids) {
 			return runs, fmt.Errorf("run %d counts children at %d positions, has %d", r.id, len(r.kids), len(want))
@@ -257,9 +258,10 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 		}
 	}
 	pairs := 0
-	for w, xw := range t.workers {
+	t.workers.Range(func(w kvevent.Worker, xw *xworker) bool {
 		if xw.worker != w || xw.eng.len() == 0 {
-			return runs, fmt.Errorf("worker %v registered with %d blocks", w, xw.eng.len())
+			err = fmt.Errorf("worker %v registered with %d blocks", w, xw.eng.len())
+			return false
 		}
 		names := map[uint64]uint32{}
 		xw.eng.each(func(h, loc uint64) {
@@ -276,10 +278,11 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 		if err == nil && int(xw.size.Load()) != len(names) {
 			err = fmt.Errorf("worker %v size %d, names %d blocks", w, xw.size.Load(), len(names))
 		}
-		if err != nil {
-			return runs, err
-		}
 		pairs += len(names)
+		return err == nil
+	})
+	if err != nil {
+		return runs, err
 	}
 	if pairs != members || pairs != t.Size() {
 		return runs, fmt.Errorf("%d hashes, %d memberships, size %d", pairs, members, t.Size())

@@ -1,0 +1,250 @@
+package radix
+
+import (
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/kvradix/kvradix/kvevent"
+)
+
+// edgeKey mixes where a run hangs into its map key (murmur3's finaliser).
+func (t *CompressedTree) edgeKey(parent *crun, off uint32, key uint64) uint64 {
+	var ps uint64
+	if parent != nil {
+		ps = parent.serial
+	}
+	x := key ^ ps*0x9E3779B97F4A7C15 ^ uint64(off)*0xC2B2AE3D27D4EB4F
+	x ^= x >> 33
+	x *= 0xFF51AFD7ED558CCD
+	x ^= x >> 33
+	x *= 0xC4CEB9FE1A85EC53
+	x ^= x >> 33
+	return x & t.edgeMask
+}
+
+// child returns the run hanging from position off of parent whose first
+// block is key, or nil.
+func (t *CompressedTree) child(parent *crun, off uint32, key uint64) *crun {
+	r, _ := t.heads.Load(t.edgeKey(parent, off, key))
+	for r != nil && (r.parent != parent || r.parentOff != off || r.first != key) {
+		r = r.collide.Load()
+	}
+	return r
+}
+
+// view returns the run's blocks as a reader may see them: a length read
+// between two loads of the same array is a length of that array (a writer
+// publishes a new array before the length that goes with it, and appends
+// to an array only past every length published for it), so the blocks
+// below it are written and stay put.
+func (r *crun) view() []uint64 {
+	for {
+		p := r.keys.Load()
+		n := r.n.Load()
+		if r.keys.Load() == p {
+			return (*p)[:min(int(n), len(*p))]
+		}
+	}
+}
+
+func (r *crun) holderArray() []holder {
+	if p := r.holders.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+type cmatchScratch struct {
+	out     []Match
+	active  []*xworker
+	next    []*xworker
+	score   []uint32 // per active worker: blocks matched in the current run
+	dropped []wscore
+}
+
+type wscore struct {
+	w     *xworker
+	score uint32
+}
+
+// FindMatches implements Index; see AppendMatches.
+func (t *CompressedTree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
+	t.ready()
+	var first *crun
+	if len(local) > 0 {
+		first = t.child(nil, 0, local[0])
+	}
+	if first == nil {
+		return newScores(0) // a miss: nobody holds the first block
+	}
+	s := t.scratch.Get().(*cmatchScratch)
+	s.out = t.appendMatches(s, s.out[:0], local, first, earlyExit)
+	res := newScores(len(s.out))
+	for _, m := range s.out {
+		res.Scores[m.Worker] = m.Score
+		res.TreeSizes[m.Worker] = m.TreeSize
+	}
+	t.scratch.Put(s)
+	return res
+}
+
+// Match is one worker's result of matching a request.
+type Match struct {
+	Worker   kvevent.Worker
+	Score    uint32 // leading blocks of the request it holds
+	TreeSize int    // blocks it holds in the whole index
+}
+
+// AppendMatches appends to dst the match of every worker holding at least
+// the request's first block (in no particular order): FindMatches without
+// the maps, and without allocating. It walks the request run by run: one
+// map load per run, a memequal of the request against the run's blocks,
+// and one cut per active worker.
+func (t *CompressedTree) AppendMatches(dst []Match, local []uint64, earlyExit bool) []Match {
+	t.ready()
+	if len(local) == 0 {
+		return dst
+	}
+	first := t.child(nil, 0, local[0])
+	if first == nil {
+		return dst
+	}
+	s := t.scratch.Get().(*cmatchScratch)
+	dst = t.appendMatches(s, dst, local, first, earlyExit)
+	t.scratch.Put(s)
+	return dst
+}
+
+// appendMatches walks local from r, the run its first block starts.
+func (t *CompressedTree) appendMatches(s *cmatchScratch, dst []Match, local []uint64, r *crun, earlyExit bool) []Match {
+	active, dropped := s.active[:0], s.dropped[:0]
+	depth := 0
+	for first := true; r != nil; first = false {
+		var m int
+		var score []uint32
+		m, active, score = scoreRun(r, local[depth:], first, active, s.score[:0])
+		s.score = score
+		next, stop := s.next[:0], false
+		if lead, runnerUp := leaders(score); earlyExit && lead >= 0 && score[lead] > runnerUp {
+			// The walk the plain tree does stops once one worker is left:
+			// at the runner-up's last block.
+			for i, w := range active {
+				if i == lead {
+					dropped = append(dropped, wscore{w, uint32(depth) + runnerUp + 1})
+				} else {
+					dropped = append(dropped, wscore{w, uint32(depth) + score[i]})
+				}
+			}
+			stop = true
+		} else {
+			for i, w := range active {
+				if score[i] == uint32(m) {
+					next = append(next, w)
+				} else {
+					dropped = append(dropped, wscore{w, uint32(depth) + score[i]})
+				}
+			}
+		}
+		s.next, active = active, next
+		depth += m
+		if stop || len(active) == 0 || depth == len(local) {
+			break
+		}
+		r = t.child(r, uint32(m-1), local[depth])
+	}
+	for _, d := range dropped {
+		dst = append(dst, Match{d.w.worker, d.score, int(d.w.size.Load())})
+	}
+	for _, w := range active {
+		dst = append(dst, Match{w.worker, uint32(depth), int(w.size.Load())})
+	}
+	// Drop the references to workers, so a removed one can be collected.
+	clear(active[:cap(active)])
+	clear(s.next[:cap(s.next)])
+	clear(dropped[:cap(dropped)])
+	s.active, s.dropped = active[:0], dropped[:0]
+	return dst
+}
+
+// scoreRun compares the rest of a request with r's blocks and appends to
+// score each worker's blocks matched there: every holder with a cut, made
+// active, in the first run; each active worker after. It reads the blocks
+// and the cuts within one version of r: a trim in between (after which the
+// run may regrow with other blocks, and cuts count those) makes it read
+// them again.
+func scoreRun(r *crun, rest []uint64, first bool, active []*xworker, score []uint32) (int, []*xworker, []uint32) {
+	base := len(active)
+	for {
+		v := r.ver.Load()
+		m := commonPrefix(rest, r.view())
+		hs := r.holderArray()
+		active, score = active[:base], score[:0]
+		if first {
+			for i := range hs {
+				if c := min(atomic.LoadUint32(&hs[i].cut), uint32(m)); c > 0 {
+					active = append(active, hs[i].w)
+					score = append(score, c)
+				}
+			}
+		} else {
+			score = cutsOf(score, active, hs, uint32(m))
+		}
+		if r.ver.Load() == v {
+			return m, active, score
+		}
+	}
+}
+
+// cutsOf appends, for each active worker, how many of the run's first m
+// blocks it holds (0 if it is not among hs); both are sorted by slot.
+func cutsOf(dst []uint32, active []*xworker, hs []holder, m uint32) []uint32 {
+	j := 0
+	for _, w := range active {
+		for j < len(hs) && hs[j].w.slot < w.slot {
+			j++
+		}
+		c := uint32(0)
+		if j < len(hs) && hs[j].w == w {
+			c = min(atomic.LoadUint32(&hs[j].cut), m)
+		}
+		dst = append(dst, c)
+	}
+	return dst
+}
+
+// leaders returns the index of the highest score (-1 if none) and the
+// second highest score (0 if fewer than two).
+func leaders(score []uint32) (lead int, runnerUp uint32) {
+	lead = -1
+	for i, s := range score {
+		switch {
+		case lead < 0 || s > score[lead]:
+			if lead >= 0 {
+				runnerUp = score[lead]
+			}
+			lead = i
+		case s > runnerUp:
+			runnerUp = s
+		}
+	}
+	return lead, runnerUp
+}
+
+// commonPrefix returns how many leading elements a and b share.
+func commonPrefix(a, b []uint64) int {
+	n := min(len(a), len(b))
+	a, b = a[:n], b[:n]
+	if asBytes(a) == asBytes(b) {
+		return n
+	}
+	i := 0
+	for i < n && a[i] == b[i] {
+		i++
+	}
+	return i
+}
+
+func asBytes(s []uint64) string {
+	return unsafe.String((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 8*len(s))
+}
+

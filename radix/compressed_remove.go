@@ -1,0 +1,227 @@
+package radix
+
+import (
+	"math/bits"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/puzpuzpuz/xsync/v4"
+
+	"github.com/kvradix/kvradix/kvevent"
+)
+
+func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
+	xw, _ := t.workers.Load(w)
+	if xw == nil {
+		if len(hashes) == 0 {
+			return nil
+		}
+		return &MissingBlocksError{Worker: w, Missing: len(hashes), Of: len(hashes)}
+	}
+	missing := 0
+	l := leaver{t: t, xw: xw}
+	for _, h := range hashes {
+		loc, ok := xw.eng.del(h)
+		if !ok {
+			missing++
+			continue
+		}
+		l.unname(loc)
+	}
+	l.release()
+	xw.size.Add(-int64(l.left))
+	t.size.Add(-int64(l.left))
+	if xw.eng.len() == 0 {
+		t.forget(xw)
+	}
+	if missing > 0 {
+		return &MissingBlocksError{Worker: w, Missing: missing, Of: len(hashes)}
+	}
+	return nil
+}
+
+// forget drops everything xw holds and releases its slot.
+func (t *CompressedTree) forget(xw *xworker) {
+	l := leaver{t: t, xw: xw}
+	xw.eng.each(func(_, loc uint64) { l.unname(loc) })
+	l.release()
+	xw.size.Add(-int64(l.left))
+	t.size.Add(-int64(l.left))
+	xw.eng, xw.aliases = engineTable{}, nil
+	t.workers.Delete(xw.worker)
+	t.slotMu.Lock()
+	t.freeSlot = append(t.freeSlot, xw.slot)
+	t.slotMu.Unlock()
+}
+
+// leaver drops engine hashes of one worker from the blocks they name,
+// keeping the run of the last one locked while the next is in the same
+// run: tail-first eviction, a run's blocks one after another, takes its
+// lock once, and settles it once.
+type leaver struct {
+	t    *CompressedTree
+	xw   *xworker
+	r    *crun // locked, or nil
+	left int   // blocks the worker left
+}
+
+// unname drops one engine hash of the worker naming loc (the table entry is
+// the caller's to delete); the worker leaves loc with its last alias.
+func (l *leaver) unname(loc uint64) {
+	if dropAlias(l.xw.aliases, loc) {
+		return
+	}
+	r, off := l.t.unpack(loc)
+	if r != l.r {
+		l.release()
+		r.mu.Lock()
+		l.r = r
+	}
+	r.leave(l.xw, off)
+	l.left++
+}
+
+// release settles and unlocks the run in hand.
+func (l *leaver) release() {
+	if l.r != nil {
+		l.t.settle(l.r)
+		l.r = nil
+	}
+}
+
+// leave makes xw stop holding position off of r (locked), which it holds.
+func (r *crun) leave(xw *xworker, off uint32) {
+	hs := r.holderArray()
+	i, _ := holderOf(hs, xw)
+	h := &hs[i]
+	h.bits[off/64] &^= 1 << (off % 64)
+	h.held--
+	if off < atomic.LoadUint32(&h.cut) {
+		atomic.StoreUint32(&h.cut, off)
+	}
+	switch {
+	case h.held == 0:
+		rest := slices.Delete(slices.Clone(hs), i, i+1)
+		if len(rest) == 0 {
+			r.holders.Store(nil)
+		} else {
+			r.holders.Store(&rest)
+		}
+	case off+1 == h.top:
+		// Words above the new top are zero: drop them, so that the next
+		// search for the top starts near it (tail-first eviction stays
+		// constant per block at any run length).
+		h.top = highestBit(h.bits)
+		h.bits = h.bits[:(h.top+63)/64]
+	}
+}
+
+// highestBit returns the highest set position + 1 (0 if none).
+func highestBit(ws []uint64) uint32 {
+	for i := len(ws) - 1; i >= 0; i-- {
+		if ws[i] != 0 {
+			return uint32(64*i + 64 - bits.LeadingZeros64(ws[i]))
+		}
+	}
+	return 0
+}
+
+// extent is how many leading blocks of r are needed: up to the highest
+// held by anyone or followed by a child run.
+func (r *crun) extent() uint32 {
+	var e uint32
+	hs := r.holderArray()
+	for i := range hs {
+		e = max(e, hs[i].top)
+	}
+	if k := len(r.kids); k > 0 {
+		e = max(e, r.kids[k-1].off+1)
+	}
+	return e
+}
+
+// settle trims r's unneeded tail, or deletes r (and settles its parents)
+// if nothing of it is needed; r is locked, and settle unlocks it.
+func (t *CompressedTree) settle(r *crun) {
+	if e := r.extent(); e > 0 {
+		r.trim(e)
+		r.mu.Unlock()
+		return
+	}
+	r.mu.Unlock()
+	t.drop(r)
+}
+
+// trim shortens r (locked) to e blocks, if longer. The array stays: no
+// reader's view changes, and a later push past e takes a fresh one
+// (crun.hw). The version tells readers that a cut they read may belong to
+// blocks written after the keys they compared.
+func (r *crun) trim(e uint32) {
+	if e < r.n.Load() {
+		r.n.Store(e)
+		r.ver.Add(1)
+	}
+}
+
+// drop deletes r, unlocked, if it is still unneeded once its parent's lock
+// (the root stripe, for a top-level run) and its own are taken in that
+// order, then settles the parent, and so on up.
+func (t *CompressedTree) drop(r *crun) {
+	for r != nil {
+		p := r.parent
+		var up *sync.Mutex
+		if p != nil {
+			up = &p.mu
+		} else {
+			up = t.rootLock(r.first)
+		}
+		up.Lock()
+		r.mu.Lock()
+		if r.dead || r.extent() > 0 {
+			r.mu.Unlock()
+			up.Unlock()
+			return
+		}
+		r.dead = true
+		t.unhang(r)
+		t.runs.del(r.id)
+		r.mu.Unlock()
+		if p == nil {
+			up.Unlock()
+			return
+		}
+		i, _ := p.kidAt(r.parentOff)
+		if p.kids[i].n--; p.kids[i].n == 0 {
+			p.kids = slices.Delete(p.kids, i, i+1)
+		}
+		if len(p.kids) == 0 {
+			p.kids = nil
+		}
+		if e := p.extent(); e > 0 {
+			p.trim(e)
+			up.Unlock()
+			return
+		}
+		up.Unlock()
+		r = p
+	}
+}
+
+// unhang removes r from the map, atomically with other changes to its
+// key's chain; readers already on it can still follow the chain.
+func (t *CompressedTree) unhang(r *crun) {
+	t.heads.Compute(t.edgeKey(r.parent, r.parentOff, r.first), func(head *crun, _ bool) (*crun, xsync.ComputeOp) {
+		if head == r {
+			if next := r.collide.Load(); next != nil {
+				return next, xsync.UpdateOp
+			}
+			return nil, xsync.DeleteOp
+		}
+		for head.collide.Load() != r {
+			head = head.collide.Load()
+		}
+		head.collide.Store(r.collide.Load())
+		return nil, xsync.CancelOp
+	})
+}
