@@ -247,4 +247,3 @@ func commonPrefix(a, b []uint64) int {
 func asBytes(s []uint64) string {
 	return unsafe.String((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 8*len(s))
 }
-

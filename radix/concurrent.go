@@ -352,6 +352,14 @@ func (t *ConcurrentTree) forget(cw *cworker) {
 	t.slots.release(cw)
 }
 
+// ApplyBatch implements ConcurrentIndex: Apply for each event in turn (the
+// tree takes no lock of its own per writer).
+func (t *ConcurrentTree) ApplyBatch(evs []kvevent.RouterEvent, errs []error) {
+	for i, ev := range evs {
+		errs[i] = t.Apply(ev)
+	}
+}
+
 // Apply implements Index. See the type's concurrency contract.
 func (t *ConcurrentTree) Apply(ev kvevent.RouterEvent) error {
 	t.ready()

@@ -236,3 +236,147 @@ func TestConcurrentChildCountOnAMissingNode(t *testing.T) {
 		t.Fatalf("after leaving: %d collisions, parent node made up %v", tr.Collisions(), radix.ConcurrentHasNode(tr, missing))
 	}
 }
+
+// TestConcurrentWritersOnManyWorkers runs writers on disjoint sets of
+// worker ids at once (as pool lanes do), over paths they share, with long
+// runs that grow, split, lose their tails and die while other writers
+// walk them; readers query throughout. Each writer checks every answer
+// against its own model; at the end the index must equal the baseline Tree
+// fed every writer's operations, in any order of writers (workers are
+// independent), and pass its structural check. Half the writers apply
+// their events in batches (ApplyBatch).
+func TestConcurrentWritersOnManyWorkers(t *testing.T) {
+	for _, im := range concurrentImpls {
+		t.Run(im.name, func(t *testing.T) {
+			for seed := range uint64(3) {
+				manyWriters(t, im, seed)
+			}
+		})
+	}
+}
+
+func manyWriters(t *testing.T, im concurrentImpl, seed uint64) {
+	const writers, idsEach, steps, batch = 8, 3, 600, 6
+	tree := im.new()
+	logs := make([][]radixtest.Op, writers)
+	var wg, rg sync.WaitGroup
+	for g := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ids := make([]kvevent.WorkerID, idsEach)
+			for i := range ids {
+				ids[i] = kvevent.WorkerID(g + i*writers)
+			}
+			gen := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, uint64(g))), Model: radixtest.NewModel(), IDs: ids, MaxBlocks: 40}
+			var evs []kvevent.RouterEvent
+			var want []error
+			flush := func() bool {
+				errs := make([]error, len(evs))
+				if g%2 == 0 {
+					tree.ApplyBatch(evs, errs)
+				} else {
+					for i, ev := range evs {
+						errs[i] = tree.Apply(ev)
+					}
+				}
+				for i := range evs {
+					if (errs[i] == nil) != (want[i] == nil) {
+						t.Errorf("writer %d event %+v: %v, model %v", g, evs[i], errs[i], want[i])
+						return false
+					}
+				}
+				evs, want = evs[:0], want[:0]
+				return true
+			}
+			for range steps {
+				op := gen.Next()
+				switch op.Kind {
+				case radixtest.OpEvent:
+					logs[g] = append(logs[g], op)
+					evs, want = append(evs, op.Event), append(want, gen.Model.Apply(op.Event))
+					if len(evs) == batch && !flush() {
+						return
+					}
+				case radixtest.OpRemoveWorker:
+					if !flush() {
+						return
+					}
+					logs[g] = append(logs[g], op)
+					tree.RemoveWorker(op.Worker)
+					gen.Model.RemoveWorker(op.Worker)
+				}
+			}
+			flush()
+		}()
+	}
+	stop := make(chan struct{})
+	for i := range 2 {
+		rg.Add(1)
+		go func() {
+			defer rg.Done()
+			r := rand.New(rand.NewPCG(seed, 100+uint64(i)))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				q := make([]uint64, r.IntN(60))
+				for j := range q {
+					q[j] = 1
+					if r.IntN(10) == 0 {
+						q[j] = uint64(1 + r.IntN(3))
+					}
+				}
+				for w, s := range tree.FindMatches(q, r.IntN(2) == 0).Scores {
+					if int(s) > len(q) || s == 0 || int(w.ID) >= writers*idsEach {
+						t.Errorf("worker %v scored %d on a %d-block query", w, s, len(q))
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	rg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	if _, err := im.invariants(tree); err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	base := radix.NewTree()
+	for _, log := range logs {
+		for _, op := range log {
+			switch op.Kind {
+			case radixtest.OpEvent:
+				_ = base.Apply(op.Event)
+			case radixtest.OpRemoveWorker:
+				base.RemoveWorker(op.Worker)
+			}
+		}
+	}
+	if base.Size() != tree.Size() || base.Size() == 0 {
+		t.Fatalf("seed %d: size %d, baseline %d", seed, tree.Size(), base.Size())
+	}
+	m1, err1 := radixtest.FromDump(base)
+	m2, err2 := radixtest.FromDump(tree)
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	if d := m1.Diff(m2); d != "" {
+		t.Fatalf("seed %d: the index differs from the baseline: %s", seed, d)
+	}
+	for n := range 50 {
+		q := make([]uint64, n)
+		for j := range q {
+			q[j] = 1
+		}
+		a, b := base.FindMatches(q, false), tree.FindMatches(q, false)
+		if !maps.Equal(a.Scores, b.Scores) || !maps.Equal(a.TreeSizes, b.TreeSizes) {
+			t.Fatalf("seed %d query of %d: %v/%v, baseline %v/%v", seed, n, b.Scores, b.TreeSizes, a.Scores, a.TreeSizes)
+		}
+	}
+}

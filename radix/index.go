@@ -147,6 +147,10 @@ type Index interface {
 // test.
 type ConcurrentIndex interface {
 	Index
+	// ApplyBatch applies evs in order, errs[i] receiving Apply's answer for
+	// evs[i] (len(errs) >= len(evs)): a pool lane's batch, with whatever
+	// the index takes per writer taken once.
+	ApplyBatch(evs []kvevent.RouterEvent, errs []error)
 	concurrent()
 }
 

@@ -76,6 +76,7 @@ func (p *Pool) lane(id kvevent.WorkerID) chan msg {
 func (p *Pool) run(ch chan msg) {
 	defer p.wg.Done()
 	batch := make([]msg, 0, MaxBatch)
+	evs, errs := make([]kvevent.RouterEvent, 0, MaxBatch), make([]error, MaxBatch)
 	applied := 0
 	for open := true; open; {
 		m, ok := <-ch
@@ -97,12 +98,13 @@ func (p *Pool) run(ch chan msg) {
 			}
 		}
 		p.c.batch(len(batch))
-		for i := range batch {
+		for i := 0; i < len(batch); i++ {
 			m := &batch[i]
 			switch m.kind {
 			case msgEvent:
-				p.c.done(m.ev, p.tree.Apply(m.ev))
-				applied++
+				n := p.applyEvents(batch[i:], &evs, &errs)
+				applied += n
+				i += n - 1
 			case msgRemove:
 				p.tree.RemoveWorker(m.id)
 				p.c.removedWorkers.Add(1)
@@ -113,6 +115,28 @@ func (p *Pool) run(ch chan msg) {
 			*m = msg{} // drop references for the GC
 		}
 	}
+}
+
+// applyEvents applies the events at the head of ms, up to the first message
+// of another kind, in one ApplyBatch, counts them, clears their messages
+// and returns how many there were.
+func (p *Pool) applyEvents(ms []msg, evs *[]kvevent.RouterEvent, errs *[]error) int {
+	n := 0
+	for n < len(ms) && ms[n].kind == msgEvent {
+		n++
+	}
+	es := (*evs)[:0]
+	for i := range n {
+		es = append(es, ms[i].ev)
+	}
+	p.tree.ApplyBatch(es, *errs)
+	for i := range n {
+		p.c.done(es[i], (*errs)[i])
+		ms[i], (*errs)[i] = msg{}, nil
+	}
+	clear(es) // drop references for the GC
+	*evs = es[:0]
+	return n
 }
 
 // ApplyEvent implements Indexer.

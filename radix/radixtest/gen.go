@@ -55,13 +55,25 @@ type Op struct {
 type Gen struct {
 	Src   Source
 	Model *Model
-	next  uint64
-	id    uint64
+	// IDs are the worker ids drawn from (nil: 0, 1 and 2).
+	IDs []kvevent.WorkerID
+	// MaxBlocks bounds a Stored event's blocks (0: 4). Beyond 4, tokens
+	// hashes mostly follow one path, so that long runs form, are shared by
+	// workers, and are cut short by removals.
+	MaxBlocks int
+	next      uint64
+	id        uint64
 }
 
 // Next returns the next op; events are applied to g.Model by the caller.
 func (g *Gen) Next() Op {
-	w := kvevent.Worker{ID: kvevent.WorkerID(g.Src.IntN(3)), DPRank: kvevent.DPRank(g.Src.IntN(2))}
+	id := kvevent.WorkerID(0)
+	if g.IDs == nil {
+		id = kvevent.WorkerID(g.Src.IntN(3))
+	} else {
+		id = g.IDs[g.Src.IntN(len(g.IDs))]
+	}
+	w := kvevent.Worker{ID: id, DPRank: kvevent.DPRank(g.Src.IntN(2))}
 	g.id++
 	ev := kvevent.RouterEvent{WorkerID: w.ID, Event: kvevent.Event{ID: g.id, DPRank: w.DPRank}}
 	switch c := g.Src.IntN(20); {
@@ -106,11 +118,20 @@ func (g *Gen) stored(w kvevent.Worker) kvevent.Stored {
 	case c < 7:
 		s.HasParent, s.ParentHash = true, uint64(g.Src.IntN(4)) // likely unknown
 	}
-	n := 1 + g.Src.IntN(4)
+	n := 1 + g.Src.IntN(max(g.MaxBlocks, 4))
 	for range n {
-		s.Blocks = append(s.Blocks, kvevent.StoredBlock{BlockHash: g.engineHash(w), TokensHash: uint64(1 + g.Src.IntN(3))})
+		s.Blocks = append(s.Blocks, kvevent.StoredBlock{BlockHash: g.engineHash(w), TokensHash: g.token()})
 	}
 	return s
+}
+
+// token draws a tokens hash: 1 to 3, or with MaxBlocks beyond 4, 1 nine
+// times in ten.
+func (g *Gen) token() uint64 {
+	if g.MaxBlocks > 4 && g.Src.IntN(10) > 0 {
+		return 1
+	}
+	return uint64(1 + g.Src.IntN(3))
 }
 
 func (g *Gen) removed(w kvevent.Worker) kvevent.Removed {
