@@ -15,8 +15,10 @@ import (
 //     and its removal, apply in order, and each lane alone touches its
 //     workers' engine-hash maps. The assignment is a function, not a table:
 //     nothing is remembered of a worker that left.
-//   - A lane drains its queue in batches of up to MaxBatch and applies a
-//     batch in one go.
+//   - A lane drains its queue in batches of up to MaxBatch and applies each
+//     run of events in a batch with one ApplyBatch: the CompressedTree takes
+//     its shared lock once for it, and locks only the runs an event walks,
+//     so lanes write in parallel.
 //   - FindMatches runs on the caller's goroutine against the concurrent
 //     index: queries never queue behind events and scale with readers. A
 //     query sees the events applied so far, not necessarily all queued.
