@@ -105,19 +105,23 @@ import (
 //     within one version of the run (it reads the run's version before the
 //     blocks and after the cuts, and reads the run again if a trim came
 //     between): so a score never exceeds the prefix the worker stored.
-//   - Dump waits for writers in progress and holds new ones off (excl):
-//     writers share it, one acquisition per event or per batch.
+//   - Dump waits for writers in progress and holds new ones off: a writer
+//     holds its worker id's stripe (one of writerStripes mutexes, each with
+//     its share of the size counter, on a cache line of its own) for an
+//     event, or for a batch's consecutive events of one stripe; Dump takes
+//     every stripe. Lanes of a pool own disjoint stripes when their number
+//     divides writerStripes, so no line of the tree's is written by two
+//     lanes per event.
 type CompressedTree struct {
 	once     sync.Once                 // see ready
 	heads    *xsync.Map[uint64, *crun] // edgeKey -> runs hanging there (a chain on collisions)
 	edgeMask uint64                    // ^0; tests narrow it to force collisions
-	size     atomic.Int64
 	serials  atomic.Uint64 // runs created so far
 	scratch  sync.Pool     // *cmatchScratch
 	stores   sync.Pool     // *storeScratch
 	runs     runTable
 	workers  *xsync.Map[kvevent.Worker, *xworker]
-	excl     sync.RWMutex // writers share it; Dump takes it alone
+	stripes  [writerStripes]writerStripe
 	rootMu   [rootStripes]paddedMutex
 
 	slotMu   sync.Mutex // guards freeSlot and slots
@@ -137,6 +141,29 @@ const (
 type paddedMutex struct {
 	sync.Mutex
 	_ [64 - 8]byte
+}
+
+// writerStripes is how many stripes writers take by worker id: a power of
+// two, so that any pool of a power-of-two lanes up to it gives each lane its
+// own.
+const writerStripes = 16
+
+// writerStripe is what the writers of one stripe share: the lock Dump takes
+// to hold them off, and their share of the size.
+type writerStripe struct {
+	mu   sync.Mutex
+	size atomic.Int64
+	_    [64 - 16]byte
+}
+
+func (t *CompressedTree) stripe(id kvevent.WorkerID) *writerStripe {
+	return &t.stripes[uint64(id)%writerStripes]
+}
+
+// addSize counts n more pairs held by xw.
+func (t *CompressedTree) addSize(xw *xworker, n int) {
+	xw.size.Add(int64(n))
+	t.stripe(xw.worker.ID).size.Add(int64(n))
 }
 
 // rootLock returns the stripe guarding top-level runs starting with key.
@@ -290,20 +317,30 @@ func (t *CompressedTree) ready() {
 // Apply implements Index. See the type's concurrency contract.
 func (t *CompressedTree) Apply(ev kvevent.RouterEvent) error {
 	t.ready()
-	t.excl.RLock()
-	defer t.excl.RUnlock()
+	st := t.stripe(ev.WorkerID)
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	return t.apply(ev)
 }
 
 // ApplyBatch implements ConcurrentIndex: the events in order, errs[i]
-// Apply's answer for evs[i], under one acquisition of the tree's shared
-// lock.
+// Apply's answer for evs[i], taking each writer stripe once for a run of
+// consecutive events in it.
 func (t *CompressedTree) ApplyBatch(evs []kvevent.RouterEvent, errs []error) {
 	t.ready()
-	t.excl.RLock()
-	defer t.excl.RUnlock()
+	var held *writerStripe
 	for i, ev := range evs {
+		if st := t.stripe(ev.WorkerID); st != held {
+			if held != nil {
+				held.mu.Unlock()
+			}
+			st.mu.Lock()
+			held = st
+		}
 		errs[i] = t.apply(ev)
+	}
+	if held != nil {
+		held.mu.Unlock()
 	}
 }
 
@@ -346,8 +383,9 @@ func (t *CompressedTree) worker(w kvevent.Worker) *xworker {
 // is forgotten.
 func (t *CompressedTree) RemoveWorker(id kvevent.WorkerID) {
 	t.ready()
-	t.excl.RLock()
-	defer t.excl.RUnlock()
+	st := t.stripe(id)
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	var ranks []*xworker
 	t.workers.Range(func(w kvevent.Worker, xw *xworker) bool {
 		if w.ID == id {
@@ -361,4 +399,10 @@ func (t *CompressedTree) RemoveWorker(id kvevent.WorkerID) {
 }
 
 // Size implements Index.
-func (t *CompressedTree) Size() int { return int(t.size.Load()) }
+func (t *CompressedTree) Size() int {
+	var n int64
+	for i := range t.stripes {
+		n += t.stripes[i].size.Load()
+	}
+	return int(n)
+}

@@ -30,8 +30,7 @@ func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
 		l.unname(loc)
 	}
 	l.release()
-	xw.size.Add(-int64(l.left))
-	t.size.Add(-int64(l.left))
+	t.addSize(xw, -l.left)
 	if xw.eng.len() == 0 {
 		t.forget(xw)
 	}
@@ -46,8 +45,7 @@ func (t *CompressedTree) forget(xw *xworker) {
 	l := leaver{t: t, xw: xw}
 	xw.eng.each(func(_, loc uint64) { l.unname(loc) })
 	l.release()
-	xw.size.Add(-int64(l.left))
-	t.size.Add(-int64(l.left))
+	t.addSize(xw, -l.left)
 	xw.eng, xw.aliases = engineTable{}, nil
 	t.workers.Delete(xw.worker)
 	t.slotMu.Lock()

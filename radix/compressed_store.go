@@ -60,9 +60,7 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	}
 	l.release()
 	t.stores.Put(s)
-	// Sizes once per event, not two atomic adds per block.
-	xw.size.Add(int64(joined - l.left))
-	t.size.Add(int64(joined - l.left))
+	t.addSize(xw, joined-l.left) // once per event, not per block
 	return nil
 }
 

@@ -115,3 +115,9 @@ func TestAppendMatches(t *testing.T) {
 		t.Fatalf("AppendMatches allocates %v times a call", n)
 	}
 }
+
+func TestCompressedStripeLayout(t *testing.T) {
+	if radix.WriterStripeSize != 64 || radix.PaddedMutexSize != 64 {
+		t.Fatalf("writer stripe %d bytes, root stripe %d, want 64 each", radix.WriterStripeSize, radix.PaddedMutexSize)
+	}
+}

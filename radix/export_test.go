@@ -311,3 +311,10 @@ func ConcurrentHasNode(t *ConcurrentTree, key uint64) bool {
 	_, ok := t.nodes.Load(key)
 	return ok
 }
+
+// Padded layouts: a writer stripe and a root stripe each fill one cache
+// line, so that writers of different stripes share none.
+const (
+	WriterStripeSize = unsafe.Sizeof(writerStripe{})
+	PaddedMutexSize  = unsafe.Sizeof(paddedMutex{})
+)
