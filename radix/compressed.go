@@ -116,9 +116,9 @@ type CompressedTree struct {
 	once     sync.Once                 // see ready
 	heads    *xsync.Map[uint64, *crun] // edgeKey -> runs hanging there (a chain on collisions)
 	edgeMask uint64                    // ^0; tests narrow it to force collisions
-	serials  atomic.Uint64 // runs created so far
-	scratch  sync.Pool     // *cmatchScratch
-	stores   sync.Pool     // *storeScratch
+	serials  atomic.Uint64             // runs created so far
+	scratch  sync.Pool                 // *cmatchScratch
+	stores   sync.Pool                 // *storeScratch
 	runs     runTable
 	workers  *xsync.Map[kvevent.Worker, *xworker]
 	stripes  [writerStripes]writerStripe
