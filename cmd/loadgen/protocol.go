@@ -370,6 +370,9 @@ func storeMax(m *atomic.Int64, v int64) {
 func (s *runState) result(im shardpool.Impl, before runtime.MemStats, stopped, end int64, depth int) indexerResult {
 	c := s.c
 	st := s.idx.Stats()
+	// Twice: arrays the index recycles through a sync.Pool survive one
+	// collection in the pool's victim cache, and are not the index's.
+	runtime.GC()
 	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
