@@ -71,7 +71,7 @@ type engine struct {
 	sinkErrs int
 
 	unallocated int
-	cache       map[uint64]*cblock
+	cache       blockMap
 	lru         cblock // sentinel of the free list; lru.next is the oldest
 	lruLen      int
 	waiting     []*request
@@ -79,10 +79,24 @@ type engine struct {
 	busy        bool
 	eventID     uint64
 	evicted     []uint64
+	spare       []*cblock // evicted blocks, for newBlock to reuse
+}
+
+// newBlock returns a registered block of hash h with one reference,
+// reusing an evicted one if any: an engine's blocks then cost one
+// allocation each for the whole replay, not one per registration.
+func (e *engine) newBlock(h uint64) *cblock {
+	if n := len(e.spare); n > 0 {
+		b := e.spare[n-1]
+		e.spare = e.spare[:n-1]
+		*b = cblock{hash: h, ref: 1}
+		return b
+	}
+	return &cblock{hash: h, ref: 1}
 }
 
 func newEngine(id int, rank kvevent.DPRank, cfg EngineConfig, sink router.EventSink) *engine {
-	e := &engine{id: id, rank: rank, cfg: cfg, sink: sink, unallocated: cfg.Blocks, cache: map[uint64]*cblock{}}
+	e := &engine{id: id, rank: rank, cfg: cfg, sink: sink, unallocated: cfg.Blocks, cache: newBlockMap(cfg.Blocks)}
 	e.lru.prev, e.lru.next = &e.lru, &e.lru
 	return e
 }
@@ -118,7 +132,7 @@ func (e *engine) publish(data kvevent.Data) {
 // least one prompt token to compute (as vLLM recomputes the last token).
 func (e *engine) cachedPrefix(r *request) int {
 	n := 0
-	for n < len(r.seq) && e.cache[r.seq[n]] != nil {
+	for n < len(r.seq) && e.cache.get(r.seq[n]) != nil {
 		n++
 	}
 	return min(n, (r.isl-1)/e.cfg.BlockSize)
@@ -131,7 +145,7 @@ func (e *engine) admit(r *request) bool {
 	need := e.blocksFor(r.isl, r.osl) - hits
 	inFree := 0
 	for _, h := range r.seq[:hits] {
-		if e.cache[h].ref == 0 {
+		if e.cache.get(h).ref == 0 {
 			inFree++
 		}
 	}
@@ -140,12 +154,15 @@ func (e *engine) admit(r *request) bool {
 	}
 	r.blocks = make([]*cblock, len(r.seq))
 	for j, h := range r.seq[:hits] {
-		b := e.cache[h]
+		b := e.cache.get(h)
 		if b.ref == 0 {
 			e.unlinkFree(b)
 		}
 		b.ref++
 		r.blocks[j] = b
+	}
+	if evict := need - e.unallocated; evict > 0 {
+		e.evicted = make([]uint64, 0, evict)
 	}
 	for range need {
 		if e.unallocated > 0 {
@@ -154,8 +171,9 @@ func (e *engine) admit(r *request) bool {
 		}
 		b := e.lru.next
 		e.unlinkFree(b)
-		delete(e.cache, b.hash)
+		e.cache.del(b.hash)
 		e.evicted = append(e.evicted, b.hash)
+		e.spare = append(e.spare, b) // no request holds a free block
 	}
 	if len(e.evicted) > 0 {
 		e.publish(kvevent.Removed{BlockHashes: e.evicted})
@@ -178,7 +196,7 @@ func (e *engine) registerComputed(r *request, from int) {
 			continue
 		}
 		h := r.seq[j]
-		if b := e.cache[h]; b != nil {
+		if b := e.cache.get(h); b != nil {
 			if b.ref == 0 {
 				e.unlinkFree(b)
 			}
@@ -188,8 +206,8 @@ func (e *engine) registerComputed(r *request, from int) {
 			e.unallocated++
 			continue
 		}
-		b := &cblock{hash: h, ref: 1}
-		e.cache[h] = b
+		b := e.newBlock(h)
+		e.cache.put(b)
 		r.blocks[j] = b
 		r.private--
 		if len(stored.Blocks) == 0 {
@@ -197,6 +215,7 @@ func (e *engine) registerComputed(r *request, from int) {
 			if j > 0 {
 				stored.ParentHash = r.seq[j-1]
 			}
+			stored.Blocks = make([]kvevent.StoredBlock, 0, upto-j) // at most the rest
 		}
 		stored.Blocks = append(stored.Blocks, kvevent.StoredBlock{BlockHash: h, TokensHash: r.local[j]})
 	}

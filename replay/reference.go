@@ -3,10 +3,8 @@ package replay
 import (
 	"cmp"
 	"context"
-	"math"
 	"slices"
 
-	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/trace"
 )
 
@@ -35,15 +33,28 @@ func ReferencesContext(ctx context.Context, reqs []trace.Request, cfg Config) (p
 	if err := cfg.Validate(); err != nil {
 		return 0, 0, err
 	}
+	p, err := hashPrompts(ctx, reqs, cfg)
+	if err != nil {
+		return 0, 0, err
+	}
+	return references(ctx, reqs, p, cfg)
+}
+
+// references computes both references over prompts hashed once. Each
+// distinct block (sequence hash) is interned once to a dense id, so that
+// the caches are arrays: a pooled LRU of prev/next links, and for the
+// unbounded cache (an LRU that never evicts) one bit a block.
+func references(ctx context.Context, reqs []trace.Request, p *prompts, cfg Config) (pooled, unbounded float64, err error) {
 	order := make([]int, len(reqs))
 	for i := range order {
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].Timestamp, reqs[b].Timestamp) })
-	pc, uc := newLRU(cfg.engines()*cfg.Blocks), newLRU(math.MaxInt)
-	var tokens []uint32
-	var local, seq []uint64
+	ids, distinct := intern(p, order)
+	pc := newLRU(cfg.engines()*cfg.Blocks, distinct)
+	seen := make([]bool, distinct)
 	var prompt, pooledHits, unboundedHits int64
+	var blocks []int32
 	for n, i := range order {
 		if n%256 == 0 && ctx.Err() != nil {
 			return 0, 0, ctx.Err()
@@ -52,13 +63,11 @@ func ReferencesContext(ctx context.Context, reqs []trace.Request, cfg Config) (p
 		if blocksFor(tr.InputLength, tr.OutputLength, cfg.BlockSize) > cfg.Blocks {
 			continue
 		}
-		tokens = trace.TokensOf(tokens[:0], tr, cfg.TraceBlockSize)
-		local = hashing.LocalHashes(local[:0], tokens, cfg.BlockSize, hashing.Options{})
-		seq = hashing.SequenceHashes(seq[:0], local)
+		blocks = ids(blocks[:0], i)
 		limit := (tr.InputLength - 1) / cfg.BlockSize
 		prompt += int64(tr.InputLength)
-		pooledHits += int64(min(pc.use(seq), limit))
-		unboundedHits += int64(min(uc.use(seq), limit))
+		pooledHits += int64(min(pc.use(blocks), limit))
+		unboundedHits += int64(min(useUnbounded(seen, blocks), limit))
 	}
 	if prompt == 0 {
 		return 0, 0, nil
@@ -67,48 +76,97 @@ func ReferencesContext(ctx context.Context, reqs []trace.Request, cfg Config) (p
 	return float64(pooledHits) * bs / float64(prompt), float64(unboundedHits) * bs / float64(prompt), nil
 }
 
-// lru is a prefix cache of block hashes with least-recently-used eviction.
+// intern numbers the distinct sequence hashes of the requests in order
+// from 0, and returns a function appending request i's block ids to dst,
+// with the number of distinct blocks. Its table is open addressing over a
+// power of two at least 1.5 times the blocks, hash and id in one slot (a Go map took
+// twice as long, and keys and ids in separate arrays two misses a probe).
+func intern(p *prompts, order []int) (func(dst []int32, i int) []int32, int) {
+	start := make([]int, len(p.seq)+1) // request i's ids are all[start[i]:start[i+1]]
+	for i, s := range p.seq {
+		start[i+1] = start[i] + len(s)
+	}
+	all := make([]int32, start[len(p.seq)])
+	size := 1
+	for size < len(all)+len(all)/2 {
+		size <<= 1
+	}
+	type slot struct {
+		h  uint64
+		id int32 // id + 1; 0: empty
+	}
+	table := make([]slot, size) // one cache line a probe: hash and id side by side
+	distinct := int32(0)
+	for _, i := range order {
+		for j, h := range p.seq[i] {
+			k := int(h * 0x9E3779B97F4A7C15 >> 32 & uint64(size-1))
+			for table[k].id != 0 && table[k].h != h {
+				k = (k + 1) & (size - 1)
+			}
+			if table[k].id == 0 {
+				distinct++
+				table[k] = slot{h, distinct}
+			}
+			all[start[i]+j] = table[k].id - 1
+		}
+	}
+	return func(dst []int32, i int) []int32 { return append(dst, all[start[i]:start[i+1]]...) }, int(distinct)
+}
+
+// useUnbounded is lru.use for a cache without a capacity: how many leading
+// blocks were seen before, then every block is.
+func useUnbounded(seen []bool, blocks []int32) int {
+	hits := 0
+	for hits < len(blocks) && seen[blocks[hits]] {
+		hits++
+	}
+	for _, b := range blocks {
+		seen[b] = true
+	}
+	return hits
+}
+
+// lru is a prefix cache of dense block ids with least-recently-used
+// eviction: a doubly linked list through arrays indexed by id, the
+// sentinel at index n (n = the number of distinct ids).
 type lru struct {
-	capacity int
-	nodes    map[uint64]*lruNode
-	head     lruNode // sentinel: head.next is the least recently used
+	capacity, len int
+	prev, next    []int32
+	in            []bool
 }
 
-type lruNode struct {
-	hash       uint64
-	prev, next *lruNode
-}
-
-func newLRU(capacity int) *lru {
-	c := &lru{capacity: capacity, nodes: map[uint64]*lruNode{}}
-	c.head.prev, c.head.next = &c.head, &c.head
+func newLRU(capacity, n int) *lru {
+	c := &lru{capacity: capacity, prev: make([]int32, n+1), next: make([]int32, n+1), in: make([]bool, n)}
+	c.prev[n], c.next[n] = int32(n), int32(n)
 	return c
 }
 
-// use returns how many leading blocks of seq are cached, then makes every
-// block of seq the most recently used, the first block last (as an engine
-// frees a request's tail before its prefix, so the prefix is evicted last).
-func (c *lru) use(seq []uint64) int {
+// use returns how many leading blocks are cached, then makes every block
+// the most recently used, the first block last (as an engine frees a
+// request's tail before its prefix, so the prefix is evicted last).
+func (c *lru) use(blocks []int32) int {
 	hits := 0
-	for hits < len(seq) && c.nodes[seq[hits]] != nil {
+	for hits < len(blocks) && c.in[blocks[hits]] {
 		hits++
 	}
-	for j := len(seq) - 1; j >= 0; j-- {
-		n := c.nodes[seq[j]]
-		if n != nil {
-			n.prev.next, n.next.prev = n.next, n.prev
+	head := int32(len(c.in))
+	for j := len(blocks) - 1; j >= 0; j-- {
+		b := blocks[j]
+		if c.in[b] {
+			c.next[c.prev[b]], c.prev[c.next[b]] = c.next[b], c.prev[b]
 		} else {
-			n = &lruNode{hash: seq[j]}
-			c.nodes[n.hash] = n
+			c.in[b] = true
+			c.len++
 		}
-		n.prev, n.next = c.head.prev, &c.head
-		c.head.prev.next = n
-		c.head.prev = n
+		c.prev[b], c.next[b] = c.prev[head], head
+		c.next[c.prev[head]] = b
+		c.prev[head] = b
 	}
-	for len(c.nodes) > c.capacity {
-		old := c.head.next
-		old.prev.next, old.next.prev = old.next, old.prev
-		delete(c.nodes, old.hash)
+	for c.len > c.capacity {
+		old := c.next[head]
+		c.next[c.prev[old]], c.prev[c.next[old]] = c.next[old], c.prev[old]
+		c.in[old] = false
+		c.len--
 	}
 	return hits
 }

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"math"
+	"math/rand/v2"
 	"reflect"
 	"testing"
 
@@ -250,6 +251,37 @@ func TestWorkload(t *testing.T) {
 	for i := 1; i < len(ops); i++ {
 		if ops[i].T < ops[i-1].T {
 			t.Fatal("ops out of time order")
+		}
+	}
+}
+
+// TestBlockMap drives an engine's block map and a Go map with the same
+// random puts and deletions over a small hash space (long clusters, wrap
+// around, growth past its sizing) and compares them after every op.
+func TestBlockMap(t *testing.T) {
+	for seed := range uint64(10) {
+		r := rand.New(rand.NewPCG(seed, 1))
+		m, want := newBlockMap(4+r.IntN(20)), map[uint64]*cblock{}
+		for step := range 3000 {
+			h := uint64(r.IntN(200)) << (r.IntN(2) * 40)
+			if b := want[h]; b != nil && r.IntN(2) == 0 {
+				m.del(h)
+				delete(want, h)
+			} else if b == nil {
+				b = &cblock{hash: h}
+				m.put(b)
+				want[h] = b
+			}
+			for k := uint64(0); k < 200; k++ {
+				for _, hk := range []uint64{k, k << 40} {
+					if got := m.get(hk); got != want[hk] {
+						t.Fatalf("seed %d step %d: get(%#x) = %p, want %p", seed, step, hk, got, want[hk])
+					}
+				}
+			}
+			if m.n != len(want) {
+				t.Fatalf("seed %d step %d: %d entries, want %d", seed, step, m.n, len(want))
+			}
 		}
 	}
 }

@@ -33,17 +33,30 @@ type Report struct {
 // ctx's error with the results finished by then (the others keep only
 // their Router name).
 func Compare(ctx context.Context, reqs []trace.Request, routers []string, cfg Config) (Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return Report{}, err
+	}
+	p, err := hashPrompts(ctx, reqs, cfg)
+	if err != nil {
+		return Report{}, err
+	}
+	return compare(ctx, reqs, p, routers, cfg, runtime.GOMAXPROCS(0))
+}
+
+// compare is Compare over prompts hashed once, running at most n replays
+// (and the references) at a time.
+func compare(ctx context.Context, reqs []trace.Request, p *prompts, routers []string, cfg Config, n int) (Report, error) {
 	rep := Report{Workers: cfg.Workers, Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, Speedup: cfg.Speedup, Seed: cfg.Seed,
 		Results: make([]Result, len(routers))}
 	jobs := make([]func() error, 0, len(routers)+1)
 	jobs = append(jobs, func() (err error) {
-		rep.ReusePooled, rep.ReuseUnbounded, err = ReferencesContext(ctx, reqs, cfg)
+		rep.ReusePooled, rep.ReuseUnbounded, err = references(ctx, reqs, p, cfg)
 		return err
 	})
 	for i, name := range routers {
 		rep.Results[i].Router = name
 		jobs = append(jobs, func() error {
-			res, err := RunContext(ctx, reqs, name, cfg)
+			res, err := runPrompts(ctx, reqs, p, name, cfg)
 			if err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
@@ -51,7 +64,7 @@ func Compare(ctx context.Context, reqs []trace.Request, routers []string, cfg Co
 			return nil
 		})
 	}
-	if err := parallel(jobs, runtime.GOMAXPROCS(0)); err != nil {
+	if err := parallel(jobs, n, nil); err != nil {
 		return rep, err
 	}
 	for i := range rep.Results {
@@ -67,11 +80,14 @@ func (r *Result) setEfficiency(pooled float64) {
 }
 
 // parallel runs jobs, at most n at a time, and returns the first error in
-// job order.
-func parallel(jobs []func() error, n int) error {
+// job order. done, if not nil, hears how many jobs have finished after
+// each one (from one goroutine at a time).
+func parallel(jobs []func() error, n int, done func(finished, total int)) error {
 	errs := make([]error, len(jobs))
 	sem := make(chan struct{}, max(n, 1))
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	finished := 0
 	for i, job := range jobs {
 		wg.Add(1)
 		sem <- struct{}{}
@@ -79,6 +95,12 @@ func parallel(jobs []func() error, n int) error {
 			defer wg.Done()
 			defer func() { <-sem }()
 			errs[i] = job()
+			if done != nil {
+				mu.Lock()
+				finished++
+				done(finished, len(jobs))
+				mu.Unlock()
+			}
 		}()
 	}
 	wg.Wait()
@@ -159,9 +181,26 @@ type SweepReport struct {
 // ctx ends, it returns ctx's error with the points finished by then (the
 // others keep only their settings).
 func Sweep(ctx context.Context, reqs []trace.Request, settings []Setting, cfg Config) (SweepReport, error) {
+	return SweepProgress(ctx, reqs, settings, cfg, nil)
+}
+
+// SweepProgress is Sweep, calling progress (if not nil) after each replay
+// it finishes, with the number finished and the total (the two baselines
+// and the references included).
+func SweepProgress(ctx context.Context, reqs []trace.Request, settings []Setting, cfg Config, progress func(done, total int)) (SweepReport, error) {
 	if err := cfg.Validate(); err != nil {
 		return SweepReport{}, err
 	}
+	p, err := hashPrompts(ctx, reqs, cfg)
+	if err != nil {
+		return SweepReport{}, err
+	}
+	return sweep(ctx, reqs, p, settings, cfg, runtime.GOMAXPROCS(0), progress)
+}
+
+// sweep is SweepProgress over prompts hashed once, at most n replays at a
+// time: the baselines, the references and every point in one pool.
+func sweep(ctx context.Context, reqs []trace.Request, p *prompts, settings []Setting, cfg Config, n int, progress func(done, total int)) (SweepReport, error) {
 	routerName := KV
 	combos := []map[string]float64{{}}
 	for _, set := range settings {
@@ -178,29 +217,52 @@ func Sweep(ctx context.Context, reqs []trace.Request, settings []Setting, cfg Co
 		}
 		combos = next
 	}
-	base, err := Compare(ctx, reqs, []string{RoundRobin, KV}, cfg)
-	rep := SweepReport{Report: base, Points: make([]SweepPoint, len(combos))}
-	if err != nil {
-		return rep, err
+	baselines := []string{RoundRobin, KV}
+	rep := SweepReport{
+		Report: Report{Workers: cfg.Workers, Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, Speedup: cfg.Speedup, Seed: cfg.Seed,
+			Results: make([]Result, len(baselines))},
+		Points: make([]SweepPoint, len(combos)),
 	}
-	jobs := make([]func() error, len(combos))
+	jobs := []func() error{func() (err error) {
+		rep.ReusePooled, rep.ReuseUnbounded, err = references(ctx, reqs, p, cfg)
+		return err
+	}}
+	for i, name := range baselines {
+		rep.Results[i].Router = name
+		jobs = append(jobs, func() error {
+			res, err := runPrompts(ctx, reqs, p, name, cfg)
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			rep.Results[i] = res
+			return nil
+		})
+	}
 	for i, combo := range combos {
 		c := cfg
+		var err error
 		for _, name := range slices.Sorted(maps.Keys(combo)) {
 			if c, err = c.with(name, combo[name]); err != nil {
 				return rep, err
 			}
 		}
 		rep.Points[i] = SweepPoint{Settings: combo, Result: Result{Router: routerName}}
-		jobs[i] = func() error {
-			res, err := RunContext(ctx, reqs, routerName, c)
+		jobs = append(jobs, func() error {
+			res, err := runPrompts(ctx, reqs, p, routerName, c)
 			if err != nil {
 				return fmt.Errorf("sweep %v: %w", combo, err)
 			}
-			res.setEfficiency(rep.ReusePooled)
 			rep.Points[i].Result = res
 			return nil
-		}
+		})
 	}
-	return rep, parallel(jobs, runtime.GOMAXPROCS(0))
+	err := parallel(jobs, n, progress)
+	// Efficiencies once the references are in, whichever finished first.
+	for i := range rep.Results {
+		rep.Results[i].setEfficiency(rep.ReusePooled)
+	}
+	for i := range rep.Points {
+		rep.Points[i].setEfficiency(rep.ReusePooled)
+	}
+	return rep, err
 }

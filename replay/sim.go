@@ -1,7 +1,6 @@
 package replay
 
 import (
-	"container/heap"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/internal/stats"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/router"
@@ -119,7 +117,7 @@ func Summarise(xs []float64) Dist {
 	if len(xs) == 0 {
 		return Dist{}
 	}
-	slices.Sort(xs)
+	stats.Sort(xs)
 	sum := 0.0
 	for _, x := range xs {
 		sum += x
@@ -133,7 +131,7 @@ func Percentiles(xs []float64) []float64 {
 	if len(xs) == 0 {
 		return nil
 	}
-	slices.Sort(xs)
+	stats.Sort(xs)
 	out := make([]float64, 101)
 	for p := range out {
 		out[p] = stats.Percentile(xs, float64(p)/100)
@@ -262,6 +260,7 @@ func (p *routerPolicy) complete(id uuid.UUID) error {
 // sim is one replay on the virtual clock.
 type sim struct {
 	cfg     Config
+	prompts *prompts
 	pol     policy
 	engines []*engine
 	reqs    []*request
@@ -289,27 +288,58 @@ const (
 	evStepEnd
 )
 
+// eventHeap is a binary min-heap of events by (time, insertion order),
+// typed: container/heap boxed every event pushed and popped (70% of a
+// replay's allocations).
 type eventHeap []simEvent
 
-func (h eventHeap) Len() int { return len(h) }
-func (h eventHeap) Less(i, j int) bool {
+func (h eventHeap) less(i, j int) bool {
 	if h[i].t != h[j].t {
 		return h[i].t < h[j].t
 	}
 	return h[i].seq < h[j].seq
 }
-func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *eventHeap) Push(x any)   { *h = append(*h, x.(simEvent)) }
-func (h *eventHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+
+func (h *eventHeap) push(ev simEvent) {
+	*h = append(*h, ev)
+	q := *h
+	for i := len(q) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !q.less(i, p) {
+			break
+		}
+		q[i], q[p] = q[p], q[i]
+		i = p
+	}
+}
+
+func (h *eventHeap) pop() simEvent {
+	q := *h
+	top := q[0]
+	n := len(q) - 1
+	q[0] = q[n]
+	q = q[:n]
+	for i := 0; ; {
+		l, m := 2*i+1, i
+		if l < n && q.less(l, m) {
+			m = l
+		}
+		if r := l + 1; r < n && q.less(r, m) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		q[i], q[m] = q[m], q[i]
+		i = m
+	}
+	*h = q
+	return top
 }
 
 func (s *sim) push(t float64, kind uint8, idx int) {
 	s.seq++
-	heap.Push(&s.events, simEvent{t: t, seq: s.seq, kind: kind, idx: idx})
+	s.events.push(simEvent{t: t, seq: s.seq, kind: kind, idx: idx})
 }
 
 // Run replays reqs on a fresh fleet routed by the named router.
@@ -322,13 +352,22 @@ func RunContext(ctx context.Context, reqs []trace.Request, routerName string, cf
 	if err := cfg.Validate(); err != nil {
 		return Result{}, err
 	}
+	p, err := hashPrompts(ctx, reqs, cfg)
+	if err != nil {
+		return Result{}, err
+	}
+	return runPrompts(ctx, reqs, p, routerName, cfg)
+}
+
+// runPrompts is RunContext over prompts hashed already.
+func runPrompts(ctx context.Context, reqs []trace.Request, p *prompts, routerName string, cfg Config) (Result, error) {
 	pol, err := newRouterPolicy(routerName, cfg)
 	if err != nil {
 		return Result{}, err
 	}
 	defer pol.r.Shutdown()
 	res := Result{Router: routerName, Requests: len(reqs)}
-	s, err := simulate(ctx, reqs, cfg, pol, &res)
+	s, err := simulate(ctx, reqs, p, cfg, pol, &res)
 	if err != nil {
 		return res, err
 	}
@@ -363,8 +402,12 @@ func RunPolicy(ctx context.Context, reqs []trace.Request, name string, cfg Confi
 	if err := cfg.Validate(); err != nil {
 		return Result{}, err
 	}
+	prompts, err := hashPrompts(ctx, reqs, cfg)
+	if err != nil {
+		return Result{}, err
+	}
 	res := Result{Router: name, Requests: len(reqs)}
-	s, err := simulate(ctx, reqs, cfg, exported{p}, &res)
+	s, err := simulate(ctx, reqs, prompts, cfg, exported{p}, &res)
 	if err != nil {
 		return res, err
 	}
@@ -382,9 +425,14 @@ func (e exported) sink(w kvevent.WorkerID) router.EventSink { return e.p.Sink(w)
 func (e exported) firstToken(id uuid.UUID) error            { return e.p.FirstToken(id) }
 func (e exported) complete(id uuid.UUID) error              { return e.p.Complete(id) }
 
-// simulate runs the event loop to the end.
-func simulate(ctx context.Context, reqs []trace.Request, cfg Config, pol policy, res *Result) (*sim, error) {
-	s := &sim{cfg: cfg, pol: pol, perW: make([]int, cfg.engines())}
+// simulate runs the event loop to the end, over reqs's prompts hashed
+// for cfg.
+func simulate(ctx context.Context, reqs []trace.Request, p *prompts, cfg Config, pol policy, res *Result) (*sim, error) {
+	if !p.fits(cfg) {
+		return nil, errors.New("replay: prompts hashed for other block sizes")
+	}
+	s := &sim{cfg: cfg, pol: pol, perW: make([]int, cfg.engines()), prompts: p}
+	s.presize(reqs)
 	if c, ok := pol.(interface{ setClock(*float64) }); ok {
 		c.setClock(&s.now)
 	}
@@ -397,16 +445,15 @@ func simulate(ctx context.Context, reqs []trace.Request, cfg Config, pol policy,
 	for i, tr := range reqs {
 		s.push(tr.Timestamp/cfg.Speedup, evArrival, i)
 	}
-	var tokens []uint32
-	for n := 0; s.events.Len() > 0 && s.err == nil; n++ {
+	for n := 0; len(s.events) > 0 && s.err == nil; n++ {
 		if n%4096 == 0 && ctx.Err() != nil {
 			return s, ctx.Err()
 		}
-		ev := heap.Pop(&s.events).(simEvent)
+		ev := s.events.pop()
 		s.now = ev.t
 		switch ev.kind {
 		case evArrival:
-			tokens = s.arrive(ev.idx, reqs[ev.idx], tokens[:0], res)
+			s.arrive(ev.idx, reqs[ev.idx], res)
 		case evStepEnd:
 			e := s.engines[ev.idx]
 			e.finishStep(s.now, s)
@@ -423,24 +470,34 @@ func simulate(ctx context.Context, reqs []trace.Request, cfg Config, pol policy,
 	return s, s.err
 }
 
-func (s *sim) arrive(i int, tr trace.Request, tokens []uint32, res *Result) []uint32 {
+func (s *sim) arrive(i int, tr trace.Request, res *Result) {
 	var id uuid.UUID
 	binary.BigEndian.PutUint64(id[8:], uint64(i)+1)
-	tokens = trace.TokensOf(tokens, tr, s.cfg.TraceBlockSize)
-	local := hashing.LocalHashes(nil, tokens, s.cfg.BlockSize, hashing.Options{})
-	r := &request{id: id, arrival: s.now, isl: tr.InputLength, osl: tr.OutputLength, local: local, seq: hashing.SequenceHashes(nil, local)}
+	local, seq := s.prompts.local[i], s.prompts.seq[i]
+	r := &request{id: id, arrival: s.now, isl: tr.InputLength, osl: tr.OutputLength, local: local, seq: seq}
 	s.reqs[i] = r
 	if blocksFor(r.isl, r.osl, s.cfg.BlockSize) > s.cfg.Blocks {
 		res.Rejected++
-		return tokens
+		return
 	}
-	q := queued{i: i, req: router.Request{UUID: id, Tokens: tokens, MaxOutputTokens: tr.OutputLength}}
+	q := queued{i: i, req: router.Request{UUID: id, Local: local, PromptTokens: s.prompts.tokens[i], MaxOutputTokens: tr.OutputLength}}
 	if len(s.queue) > 0 || !s.route(q) {
-		q.req.Tokens = slices.Clone(tokens)
 		s.queue = append(s.queue, q)
 		res.Queued++
 	}
-	return tokens
+}
+
+// presize gives the distributions the room the trace's requests can fill,
+// at most: one TTFT, TPOT and end-to-end latency a request, an inter-token
+// gap per output token after the first. Growing a 4M-gap slice by doubling
+// cost a third of a replay (copies, and page faults on fresh memory).
+func (s *sim) presize(reqs []trace.Request) {
+	gaps := 0
+	for _, tr := range reqs {
+		gaps += max(tr.OutputLength-1, 0)
+	}
+	s.ttft, s.tpot, s.e2e = make([]float64, 0, len(reqs)), make([]float64, 0, len(reqs)), make([]float64, 0, len(reqs))
+	s.itl = make([]float64, 0, gaps)
 }
 
 // queued is a request the router holds back (every worker busy).

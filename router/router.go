@@ -86,6 +86,15 @@ type Request struct {
 	UUID            uuid.UUID // required; uuid.Nil is an error
 	Tokens          []uint32
 	MaxOutputTokens int // must fit a u32
+	// Local and PromptTokens, when Local is not nil, stand for Tokens: the
+	// prompt's local block hashes at the router's block size (as
+	// hashing.LocalHashes computes them) and its length in tokens, which
+	// must make exactly len(Local) complete blocks. A caller that hashed
+	// the prompt already (the replay hashes each request once for every
+	// router and engine) spares the router hashing it again. The router
+	// only reads Local.
+	Local        []uint64
+	PromptTokens int
 }
 
 // EventSink is what a worker publishes its KV events through.
@@ -302,14 +311,20 @@ func (r *Router) SelectWorkerRank(ctx context.Context, req Request) (kvevent.Wor
 		k := (r.rr.Add(1) - 1) % uint64(r.n*r.dp)
 		return kvevent.Worker{ID: kvevent.WorkerID(k / uint64(r.dp)), DPRank: kvevent.DPRank(k % uint64(r.dp))}, nil
 	}
-	local := hashing.LocalHashes(make([]uint64, 0, len(req.Tokens)/r.cfg.BlockSize), req.Tokens, r.cfg.BlockSize, hashing.Options{})
+	local, isl := req.Local, req.PromptTokens
+	if local == nil {
+		local = hashing.LocalHashes(make([]uint64, 0, len(req.Tokens)/r.cfg.BlockSize), req.Tokens, r.cfg.BlockSize, hashing.Options{})
+		isl = len(req.Tokens)
+	} else if bs := r.cfg.BlockSize; isl < len(local)*bs || isl >= (len(local)+1)*bs {
+		return kvevent.Worker{}, fmt.Errorf("router: request %v: %d local hashes of %d-token blocks do not make a %d-token prompt", req.UUID, len(local), bs, isl)
+	}
 	scores, err := r.indexer.FindMatches(local)
 	if err != nil {
 		return kvevent.Worker{}, r.shutdownErr(err)
 	}
 	sr := SchedRequest{
 		ID:       req.UUID,
-		ISL:      len(req.Tokens),
+		ISL:      isl,
 		Blocks:   hashing.SequenceHashes(local[:0:0], local),
 		Overlaps: scores.Scores,
 	}

@@ -448,3 +448,33 @@ func TestAdmitRemote(t *testing.T) {
 		t.Fatal("round robin took remote load")
 	}
 }
+
+// A prompt given as its local hashes routes exactly as its tokens do,
+// request after request (the load each admission adds included); hashes
+// that do not make the stated prompt length are refused.
+func TestPrehashedPromptRoutesAsTokens(t *testing.T) {
+	byTokens, byHashes := newRouter(t, router.KV, 4, nil), newRouter(t, router.KV, 4, nil)
+	for w, n := range []int{0, 8, 24, 40} {
+		for _, r := range []*router.Router{byTokens, byHashes} {
+			if n > 0 {
+				publishBlocks(t, r, w, seq(n, 100), kvevent.TierDevice)
+			}
+		}
+	}
+	for i := range 20 {
+		prompt := seq(30+i%13, 100)
+		local := hashing.LocalHashes(nil, prompt, 4, hashing.Options{})
+		id := uuid.New()
+		a, errA := byTokens.SelectWorker(context.Background(), router.Request{UUID: id, Tokens: prompt, MaxOutputTokens: 10})
+		b, errB := byHashes.SelectWorker(context.Background(), router.Request{UUID: id, Local: local, PromptTokens: len(prompt), MaxOutputTokens: 10})
+		if a != b || errA != nil || errB != nil {
+			t.Fatalf("request %d: worker %d (%v) by tokens, %d (%v) by hashes", i, a, errA, b, errB)
+		}
+	}
+	local := hashing.LocalHashes(nil, seq(12, 100), 4, hashing.Options{})
+	for _, n := range []int{11, 16, 0} {
+		if _, err := byHashes.SelectWorker(context.Background(), router.Request{UUID: uuid.New(), Local: local, PromptTokens: n}); err == nil {
+			t.Errorf("3 blocks of 4 tokens accepted as a %d-token prompt", n)
+		}
+	}
+}

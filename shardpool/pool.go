@@ -31,10 +31,21 @@ type Pool struct {
 	h      *hasher
 	tree   radix.ConcurrentIndex
 	lanes  []chan msg
+	state  []laneState
 	gate   gate
 	closed atomic.Bool
 	wg     sync.WaitGroup
 	c      counters
+}
+
+// laneState lets Flush skip lanes with nothing pending: a lane whose done
+// count has reached the sent count read before it has applied everything
+// sent before the Flush (a lane is FIFO). On a cache line of its own.
+type laneState struct {
+	sent    atomic.Int64 // events and removals sent to the lane
+	done    atomic.Int64 // of those, applied
+	applied atomic.Int64 // events applied since the last Flush
+	_       [64 - 24]byte
 }
 
 // NewPool starts a pool of lanes goroutines (at least 1) for the block size
@@ -51,12 +62,13 @@ func NewPoolOver(lanes, blockSize int, idx radix.ConcurrentIndex) *Pool {
 		h:     newHasher(blockSize),
 		tree:  idx,
 		lanes: make([]chan msg, lanes),
+		state: make([]laneState, lanes),
 	}
 	p.gate.open()
 	for i := range p.lanes {
 		p.lanes[i] = make(chan msg, QueueSize)
 		p.wg.Add(1)
-		go p.run(p.lanes[i])
+		go p.run(p.lanes[i], &p.state[i])
 	}
 	return p
 }
@@ -70,16 +82,16 @@ func (p *Pool) Lanes() int { return len(p.lanes) }
 // Size; Dump once the pool is flushed and idle).
 func (p *Pool) Index() radix.ConcurrentIndex { return p.tree }
 
-// lane returns the queue of a worker id.
-func (p *Pool) lane(id kvevent.WorkerID) chan msg {
-	return p.lanes[uint64(id)%uint64(len(p.lanes))]
+// lane returns the queue of a worker id, and its state.
+func (p *Pool) lane(id kvevent.WorkerID) (chan msg, *laneState) {
+	i := uint64(id) % uint64(len(p.lanes))
+	return p.lanes[i], &p.state[i]
 }
 
-func (p *Pool) run(ch chan msg) {
+func (p *Pool) run(ch chan msg, st *laneState) {
 	defer p.wg.Done()
 	batch := make([]msg, 0, MaxBatch)
 	evs, errs := make([]kvevent.RouterEvent, 0, MaxBatch), make([]error, MaxBatch)
-	applied := 0
 	for open := true; open; {
 		m, ok := <-ch
 		if !ok {
@@ -105,14 +117,15 @@ func (p *Pool) run(ch chan msg) {
 			switch m.kind {
 			case msgEvent:
 				n := p.applyEvents(batch[i:], &evs, &errs)
-				applied += n
+				st.applied.Add(int64(n))
+				st.done.Add(int64(n))
 				i += n - 1
 			case msgRemove:
 				p.tree.RemoveWorker(m.id)
 				p.c.removedWorkers.Add(1)
+				st.done.Add(1)
 			case msgFlush:
-				m.reply <- result{n: applied}
-				applied = 0
+				m.reply <- result{n: int(st.applied.Swap(0))}
 			}
 			*m = msg{} // drop references for the GC
 		}
@@ -151,7 +164,8 @@ func (p *Pool) ApplyEvent(ev kvevent.RouterEvent) error {
 		p.c.ignoredTier.Add(1)
 		return nil
 	}
-	ch := p.lane(ev.WorkerID)
+	ch, st := p.lane(ev.WorkerID)
+	st.sent.Add(1)
 	ch <- msg{kind: msgEvent, ev: ev}
 	p.c.queued.Add(1)
 	storeMax(&p.c.maxDepth, int64(len(ch)))
@@ -181,22 +195,35 @@ func (p *Pool) RemoveWorker(id kvevent.WorkerID) error {
 		return err
 	}
 	defer p.gate.leave()
-	p.lane(id) <- msg{kind: msgRemove, id: id}
+	ch, st := p.lane(id)
+	st.sent.Add(1)
+	ch <- msg{kind: msgRemove, id: id}
 	return nil
 }
 
-// Flush implements Indexer: a barrier message through every lane.
+// Flush implements Indexer: a barrier message through every lane that
+// has anything pending; a lane that has applied all it was sent is read
+// without a message (a replay flushes before every routing decision).
 func (p *Pool) Flush() (int, error) {
 	if err := p.gate.enter(); err != nil {
 		return 0, err
 	}
-	reply := make(chan result, len(p.lanes))
-	for _, ch := range p.lanes {
+	var reply chan result
+	n, waiting := 0, 0
+	for i, ch := range p.lanes {
+		st := &p.state[i]
+		if st.done.Load() >= st.sent.Load() {
+			n += int(st.applied.Swap(0))
+			continue
+		}
+		if reply == nil {
+			reply = make(chan result, len(p.lanes))
+		}
 		ch <- msg{kind: msgFlush, reply: reply}
+		waiting++
 	}
 	p.gate.leave()
-	n := 0
-	for range p.lanes {
+	for range waiting {
 		n += (<-reply).n
 	}
 	return n, nil

@@ -36,6 +36,7 @@ type replayConfig struct {
 	routers string
 	sweep   settingsFlag
 	out     output
+	cpuprof string
 }
 
 func (c *replayConfig) register(fs *flag.FlagSet) {
@@ -56,6 +57,7 @@ func (c *replayConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&cfg.IndexerLanes, "lanes", cfg.IndexerLanes, "indexer lanes of the KV routers (1 = single-threaded)")
 	fs.StringVar(&c.routers, "routers", "round_robin,random,kv", "routers to compare: round_robin, random, kv, kv_temp")
 	fs.Var(&c.sweep, "sweep", "sweep a KV router knob instead: `name=v1,v2,...` with name overlap_weight, temperature or queue_threshold; repeat for a grid")
+	fs.StringVar(&c.cpuprof, "cpuprofile", "", "write a CPU profile of the replays to `file`")
 	c.out.register(fs)
 }
 
@@ -88,6 +90,11 @@ func runReplay(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	}
 	ctx, cancel := intr.context()
 	defer cancel()
+	stopProfile, err := startCPUProfile(c.cpuprof)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	command := commandLine("replay", args)
 	if len(c.sweep) > 0 {
 		rep, err := replay.Sweep(ctx, reqs, c.sweep, c.sim)
