@@ -33,10 +33,8 @@ func ReferencesContext(ctx context.Context, reqs []trace.Request, cfg Config) (p
 	if err := cfg.Validate(); err != nil {
 		return 0, 0, err
 	}
-	p, err := hashPrompts(ctx, reqs, cfg)
-	if err != nil {
-		return 0, 0, err
-	}
+	p := startPrompts(ctx, reqs, cfg)
+	defer p.close()
 	return references(ctx, reqs, p, cfg)
 }
 
@@ -45,6 +43,9 @@ func ReferencesContext(ctx context.Context, reqs []trace.Request, cfg Config) (p
 // the caches are arrays: a pooled LRU of prev/next links, and for the
 // unbounded cache (an LRU that never evicts) one bit a block.
 func references(ctx context.Context, reqs []trace.Request, p *prompts, cfg Config) (pooled, unbounded float64, err error) {
+	if err := p.waitAll(); err != nil {
+		return 0, 0, err
+	}
 	order := make([]int, len(reqs))
 	for i := range order {
 		order[i] = i

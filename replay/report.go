@@ -36,10 +36,8 @@ func Compare(ctx context.Context, reqs []trace.Request, routers []string, cfg Co
 	if err := cfg.Validate(); err != nil {
 		return Report{}, err
 	}
-	p, err := hashPrompts(ctx, reqs, cfg)
-	if err != nil {
-		return Report{}, err
-	}
+	p := startPrompts(ctx, reqs, cfg)
+	defer p.close()
 	return compare(ctx, reqs, p, routers, cfg, runtime.GOMAXPROCS(0))
 }
 
@@ -191,10 +189,8 @@ func SweepProgress(ctx context.Context, reqs []trace.Request, settings []Setting
 	if err := cfg.Validate(); err != nil {
 		return SweepReport{}, err
 	}
-	p, err := hashPrompts(ctx, reqs, cfg)
-	if err != nil {
-		return SweepReport{}, err
-	}
+	p := startPrompts(ctx, reqs, cfg)
+	defer p.close()
 	return sweep(ctx, reqs, p, settings, cfg, runtime.GOMAXPROCS(0), progress)
 }
 

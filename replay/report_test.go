@@ -221,3 +221,39 @@ func TestDPRanksRouteAsWorkers(t *testing.T) {
 		t.Fatal("dp size 0 accepted")
 	}
 }
+
+// Routers, sweep points and the references run in parallel (at most
+// GOMAXPROCS at a time): the reports must equal the sequential run's to the
+// last bit, and the progress callback must count every replay once.
+func TestParallelEqualsSequential(t *testing.T) {
+	reqs := synthSmall(t)
+	cfg := DefaultConfig()
+	cfg.Workers, cfg.Blocks = 4, 1024
+	p := startPrompts(context.Background(), reqs, cfg)
+	defer p.close()
+	routers := []string{RoundRobin, Random, KV, KVTemp}
+	seq, err1 := compare(context.Background(), reqs, p, routers, cfg, 1)
+	par, err2 := compare(context.Background(), reqs, p, routers, cfg, 4)
+	if err1 != nil || err2 != nil || !reflect.DeepEqual(seq, par) {
+		t.Fatalf("compare: sequential and parallel differ (%v, %v)", err1, err2)
+	}
+	settings := []Setting{{SetOverlapWeight, []float64{1, 4, 8}}, {SetTemperature, []float64{0, 0.1}}}
+	var calls []int
+	sseq, err1 := sweep(context.Background(), reqs, p, settings, cfg, 1, nil)
+	spar, err2 := sweep(context.Background(), reqs, p, settings, cfg, 4, func(done, total int) {
+		if total != 1+2+6 {
+			t.Errorf("progress total %d, want 9", total)
+		}
+		calls = append(calls, done)
+	})
+	if err1 != nil || err2 != nil || !reflect.DeepEqual(sseq, spar) {
+		t.Fatalf("sweep: sequential and parallel differ (%v, %v)", err1, err2)
+	}
+	if len(calls) != 9 || calls[8] != 9 {
+		t.Fatalf("progress calls %v, want 1..9", calls)
+	}
+	// And Compare (hashing its own prompts) equals compare over shared ones.
+	if rep, err := Compare(context.Background(), reqs, routers, cfg); err != nil || !reflect.DeepEqual(rep, seq) {
+		t.Fatalf("Compare differs from compare over shared prompts (%v)", err)
+	}
+}

@@ -352,10 +352,8 @@ func RunContext(ctx context.Context, reqs []trace.Request, routerName string, cf
 	if err := cfg.Validate(); err != nil {
 		return Result{}, err
 	}
-	p, err := hashPrompts(ctx, reqs, cfg)
-	if err != nil {
-		return Result{}, err
-	}
+	p := startPrompts(ctx, reqs, cfg)
+	defer p.close()
 	return runPrompts(ctx, reqs, p, routerName, cfg)
 }
 
@@ -402,10 +400,8 @@ func RunPolicy(ctx context.Context, reqs []trace.Request, name string, cfg Confi
 	if err := cfg.Validate(); err != nil {
 		return Result{}, err
 	}
-	prompts, err := hashPrompts(ctx, reqs, cfg)
-	if err != nil {
-		return Result{}, err
-	}
+	prompts := startPrompts(ctx, reqs, cfg)
+	defer prompts.close()
 	res := Result{Router: name, Requests: len(reqs)}
 	s, err := simulate(ctx, reqs, prompts, cfg, exported{p}, &res)
 	if err != nil {
@@ -473,6 +469,10 @@ func simulate(ctx context.Context, reqs []trace.Request, p *prompts, cfg Config,
 func (s *sim) arrive(i int, tr trace.Request, res *Result) {
 	var id uuid.UUID
 	binary.BigEndian.PutUint64(id[8:], uint64(i)+1)
+	if err := s.prompts.wait(i); err != nil {
+		s.err = err
+		return
+	}
 	local, seq := s.prompts.local[i], s.prompts.seq[i]
 	r := &request{id: id, arrival: s.now, isl: tr.InputLength, osl: tr.OutputLength, local: local, seq: seq}
 	s.reqs[i] = r

@@ -40,10 +40,8 @@ func Workload(reqs []trace.Request, cfg Config) ([]Op, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	p, err := hashPrompts(context.Background(), reqs, cfg)
-	if err != nil {
-		return nil, err
-	}
+	p := startPrompts(context.Background(), reqs, cfg)
+	defer p.close()
 	rec := &recorder{rng: rand.New(rand.NewPCG(cfg.Seed, 0x776f726b)), cfg: cfg}
 	var res Result
 	if _, err := simulate(context.Background(), reqs, p, cfg, rec, &res); err != nil {

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/kvradix/kvradix/replay"
 )
@@ -97,7 +98,7 @@ func runReplay(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	defer stopProfile()
 	command := commandLine("replay", args)
 	if len(c.sweep) > 0 {
-		rep, err := replay.Sweep(ctx, reqs, c.sweep, c.sim)
+		rep, err := replay.SweepProgress(ctx, reqs, c.sweep, c.sim, sweepProgress(stderr, time.Now()))
 		rep.Trace = traceName
 		return c.report(stdout, replaySweepReport{command, rep}, err, func() { printSweep(stdout, rep) }, func() { printSweepBench(stdout, rep) })
 	}
@@ -105,6 +106,19 @@ func runReplay(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	rep.Trace = traceName
 	return c.report(stdout, replayReport{command, rep}, err, func() { printReplay(stdout, rep) }, func() { printReplayBench(stdout, rep.Results, nil) })
 }
+
+// sweepProgress reports on w how many of a sweep's replays are done, once
+// the sweep has run past progressAfter: short sweeps stay quiet.
+func sweepProgress(w io.Writer, start time.Time) func(done, total int) {
+	return func(done, total int) {
+		if d := time.Since(start); d >= progressAfter {
+			fmt.Fprintf(w, "sweep: %d of %d replays done, %.1f s\n", done, total, d.Seconds())
+		}
+	}
+}
+
+// progressAfter is how long a sweep runs before it reports progress.
+const progressAfter = 3 * time.Second
 
 // replayReport and replaySweepReport add the command line to a report.
 type replayReport struct {
