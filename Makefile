@@ -64,7 +64,7 @@ loadgen:
 replay:
 	$(GO) run ./cmd/loadgen replay
 
-# The KV router's policy frontier on the embedded trace (about 3 minutes
+# The KV router's policy frontier on the embedded trace (about 35 s
 # on 2 cores): table and JSON into results/.
 SWEEP ?= -sweep overlap_weight=0,0.5,1,2,4,8,16,32,64 -sweep temperature=0,0.02,0.1
 HOSTLINE = echo "\# $$($(GO) version); $$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $$(nproc) cores; commit $$(git rev-parse --short HEAD)"
