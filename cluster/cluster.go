@@ -19,7 +19,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -288,112 +287,6 @@ func (b *Bus) LastSeq(ctx context.Context) (uint64, error) {
 	}
 }
 
-// snapshotName is the object every snapshot replaces.
-const snapshotName = "index"
-
-// A snapshot is snapshotMagic, the stream sequence (8 bytes, big endian),
-// then the index's dump as binary events (a fifth of the JSON's size):
-//
-//	kind (1: Stored, 2: Removed), worker (8), rank (4), then
-//	Stored:  has parent (1), parent (8), n (4), n × (engine hash, tokens hash) (16)
-//	Removed: n (4), n × engine hash (8)
-const snapshotMagic = "KVSNAP1\n"
-
-func appendSnapEvent(b []byte, ev kvevent.RouterEvent) []byte {
-	switch d := ev.Event.Data.(type) {
-	case kvevent.Stored:
-		b = append(b, 1)
-		b = binary.BigEndian.AppendUint64(b, uint64(ev.WorkerID))
-		b = binary.BigEndian.AppendUint32(b, uint32(ev.Event.DPRank))
-		if d.HasParent {
-			b = append(b, 1)
-		} else {
-			b = append(b, 0)
-		}
-		b = binary.BigEndian.AppendUint64(b, d.ParentHash)
-		b = binary.BigEndian.AppendUint32(b, uint32(len(d.Blocks)))
-		for _, blk := range d.Blocks {
-			b = binary.BigEndian.AppendUint64(b, blk.BlockHash)
-			b = binary.BigEndian.AppendUint64(b, blk.TokensHash)
-		}
-	case kvevent.Removed:
-		b = append(b, 2)
-		b = binary.BigEndian.AppendUint64(b, uint64(ev.WorkerID))
-		b = binary.BigEndian.AppendUint32(b, uint32(ev.Event.DPRank))
-		b = binary.BigEndian.AppendUint32(b, uint32(len(d.BlockHashes)))
-		for _, h := range d.BlockHashes {
-			b = binary.BigEndian.AppendUint64(b, h)
-		}
-	}
-	return b
-}
-
-var errShortSnapshot = errors.New("truncated event")
-
-// readSnapEvent decodes one event of a snapshot; it never reads past b.
-func readSnapEvent(b []byte) (kvevent.RouterEvent, []byte, error) {
-	var ev kvevent.RouterEvent
-	if len(b) < 13 {
-		return ev, nil, errShortSnapshot
-	}
-	kind := b[0]
-	ev.WorkerID = kvevent.WorkerID(binary.BigEndian.Uint64(b[1:]))
-	ev.Event.DPRank = kvevent.DPRank(binary.BigEndian.Uint32(b[9:]))
-	b = b[13:]
-	switch kind {
-	case 1:
-		if len(b) < 13 {
-			return ev, nil, errShortSnapshot
-		}
-		d := kvevent.Stored{HasParent: b[0] == 1, ParentHash: binary.BigEndian.Uint64(b[1:])}
-		n := binary.BigEndian.Uint32(b[9:])
-		b = b[13:]
-		if uint64(len(b)) < 16*uint64(n) {
-			return ev, nil, errShortSnapshot
-		}
-		d.Blocks = make([]kvevent.StoredBlock, n)
-		for i := range d.Blocks {
-			d.Blocks[i] = kvevent.StoredBlock{BlockHash: binary.BigEndian.Uint64(b[16*i:]), TokensHash: binary.BigEndian.Uint64(b[16*i+8:])}
-		}
-		ev.Event.Data = d
-		return ev, b[16*n:], nil
-	case 2:
-		if len(b) < 4 {
-			return ev, nil, errShortSnapshot
-		}
-		n := binary.BigEndian.Uint32(b)
-		b = b[4:]
-		if uint64(len(b)) < 8*uint64(n) {
-			return ev, nil, errShortSnapshot
-		}
-		d := kvevent.Removed{BlockHashes: make([]uint64, n)}
-		for i := range d.BlockHashes {
-			d.BlockHashes[i] = binary.BigEndian.Uint64(b[8*i:])
-		}
-		ev.Event.Data = d
-		return ev, b[8*n:], nil
-	}
-	return ev, nil, fmt.Errorf("unknown event kind %d", kind)
-}
-
-// Snapshot writes the replica's index, with the stream sequence it
-// reflects, to the snapshot bucket. idx must be the index the replica's
-// indexer maintains (for a Pool: its Index()); the replica is caught up
-// first.
-func (r *Replica) Snapshot(ctx context.Context, idx radix.Index) (uint64, error) {
-	if err := r.CatchUp(ctx); err != nil {
-		return 0, err
-	}
-	seq := r.seq.Load()
-	buf := binary.BigEndian.AppendUint64([]byte(snapshotMagic), seq)
-	radix.DumpEach(idx, func(ev kvevent.RouterEvent) { buf = appendSnapEvent(buf, ev) })
-	if _, err := r.b.snaps.PutBytes(ctx, snapshotName, buf); err != nil {
-		return 0, fmt.Errorf("cluster: snapshot at %d: %w", seq, err)
-	}
-	r.snap.Store(seq)
-	return seq, nil
-}
-
 // LastSnapshot is the stream sequence of the last snapshot this replica
 // wrote (0: none).
 func (r *Replica) LastSnapshot() uint64 { return r.snap.Load() }
@@ -469,34 +362,4 @@ func (b *Bus) Join(ctx context.Context, newIndexer func() shardpool.Indexer, wai
 			return nil, nil, ctx.Err()
 		}
 	}
-}
-
-// ErrNoSnapshot is Restore's error when the bucket holds none.
-var ErrNoSnapshot = errors.New("cluster: no snapshot")
-
-// Restore applies the newest snapshot to idx and returns the stream
-// sequence it reflects; Follow from there.
-func (b *Bus) Restore(ctx context.Context, idx shardpool.Indexer) (uint64, error) {
-	data, err := b.snapshot(ctx)
-	if err != nil {
-		return 0, err
-	}
-	if len(data) < len(snapshotMagic)+8 || string(data[:len(snapshotMagic)]) != snapshotMagic {
-		return 0, errors.New("cluster: not a kvradix snapshot")
-	}
-	data = data[len(snapshotMagic):]
-	seq := binary.BigEndian.Uint64(data)
-	for rest := data[8:]; len(rest) > 0; {
-		var ev kvevent.RouterEvent
-		if ev, rest, err = readSnapEvent(rest); err != nil {
-			return 0, fmt.Errorf("cluster: snapshot: %w", err)
-		}
-		if err := idx.ApplyEvent(ev); err != nil {
-			return 0, err
-		}
-	}
-	if _, err := idx.Flush(); err != nil {
-		return 0, err
-	}
-	return seq, nil
 }

@@ -1,10 +1,17 @@
 package cluster
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/shardpool"
 )
 
 // Snapshot events round-trip, and every truncation of a snapshot is an
@@ -43,4 +50,147 @@ func TestSnapEventCodec(t *testing.T) {
 	if _, _, err := readSnapEvent([]byte{9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}); err == nil {
 		t.Fatal("an unknown kind decoded")
 	}
+}
+
+// snapFixture is a snapshot of the events above at sequence 41, block
+// size 16.
+func snapFixture() ([]byte, snapHeader, []kvevent.RouterEvent) {
+	evs := []kvevent.RouterEvent{
+		{WorkerID: 7, Event: kvevent.Event{DPRank: 2, Data: kvevent.Stored{Blocks: []kvevent.StoredBlock{{BlockHash: 1, TokensHash: 2}, {BlockHash: 3, TokensHash: 4}}}}},
+		{WorkerID: 1, Event: kvevent.Event{Data: kvevent.Stored{Blocks: []kvevent.StoredBlock{{BlockHash: 5, TokensHash: 6}}}}},
+		{WorkerID: 7, Event: kvevent.Event{DPRank: 2, Data: kvevent.Removed{BlockHashes: []uint64{3}}}},
+	}
+	var body []byte
+	for _, ev := range evs {
+		body = appendSnapEvent(body, ev)
+	}
+	h := snapHeader{seq: 41, blockSize: 16, events: uint64(len(evs)), pairs: 2}
+	return encodeSnapshot(h, body), h, evs
+}
+
+// A snapshot is taken whole or not at all: every truncation (at an event
+// boundary too, and down to the header alone), padding, a changed byte
+// anywhere (the header included), an older format and garbage are all
+// refused as corruption; the fixture itself decodes to its header.
+func TestSnapshotDecodeRefusesDamage(t *testing.T) {
+	data, want, _ := snapFixture()
+	h, body, err := decodeSnapshot(data)
+	want.bodyLen = uint64(len(body))
+	if err != nil || h != want || len(body) != len(data)-snapHeaderLen {
+		t.Fatalf("fixture: %+v (%v), want %+v", h, err, want)
+	}
+	refused := func(what string, b []byte) {
+		t.Helper()
+		if _, _, err := decodeSnapshot(b); !errors.Is(err, ErrCorruptSnapshot) {
+			t.Fatalf("%s: %v, want ErrCorruptSnapshot", what, err)
+		}
+	}
+	for n := range len(data) {
+		refused(fmt.Sprintf("cut to %d bytes", n), data[:n])
+	}
+	refused("padded", append(slices.Clone(data), 0))
+	for i := range data {
+		for _, bit := range []byte{1, 0x80} {
+			b := slices.Clone(data)
+			b[i] ^= bit
+			refused(fmt.Sprintf("byte %d flipped by %#x", i, bit), b)
+		}
+	}
+	v1 := slices.Clone(data)
+	copy(v1, "KVSNAP1\n")
+	if _, _, err := decodeSnapshot(v1); !errors.Is(err, ErrCorruptSnapshot) || !strings.Contains(err.Error(), `format "1"`) {
+		t.Fatalf("format 1: %v", err)
+	}
+	refused("garbage", []byte("not a snapshot at all, but long enough for a header, yes indeed, quite"))
+}
+
+// Restore refuses, and applies nothing of, a snapshot that is damaged in
+// the bucket, of another block size, or at a sequence past the stream's
+// last (seq + 1,000, and 2^63: a replica would wait forever); the whole
+// snapshot restores into an indexer of its block size.
+func TestRestoreRefusals(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := StartEmbedded(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	bus, err := Connect(ctx, srv.URL(), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bus.Close()
+	src := shardpool.NewPool(1, 16)
+	defer src.Close()
+	r, err := bus.Follow(ctx, src, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for i := range 50 {
+		ev := kvevent.RouterEvent{WorkerID: kvevent.WorkerID(i % 3), Event: kvevent.Event{ID: uint64(i) + 1, Data: kvevent.Stored{
+			Blocks: []kvevent.StoredBlock{{BlockHash: uint64(1000 + i), TokensHash: uint64(i % 7)}}}}}
+		if _, err := bus.Publish(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seq, err := r.Snapshot(ctx, src.Index())
+	if err != nil || seq != 50 {
+		t.Fatalf("snapshot at %d (%v), want 50", seq, err)
+	}
+	good, err := bus.snaps.GetBytes(ctx, snapshotName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, body, err := decodeSnapshot(good)
+	if err != nil || h.pairs != uint64(src.Index().Size()) || h.blockSize != 16 {
+		t.Fatalf("the written snapshot: %+v (%v)", h, err)
+	}
+	restore := func(what string, snap []byte, blockSize int, want string) {
+		t.Helper()
+		if _, err := bus.snaps.PutBytes(ctx, snapshotName, snap); err != nil {
+			t.Fatal(err)
+		}
+		idx := shardpool.NewPool(1, blockSize)
+		defer idx.Close()
+		_, err := bus.Restore(ctx, idx)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("%s: %v, want an error saying %q", what, err, want)
+		}
+		if n := idx.Index().Size(); n != 0 {
+			t.Fatalf("%s: the refused snapshot left %d pairs", what, n)
+		}
+	}
+	flipped := slices.Clone(good)
+	flipped[len(flipped)-3] ^= 1
+	restore("a flipped byte", flipped, 16, "checksum")
+	restore("cut at an event boundary", good[:len(good)-len(appendSnapEvent(nil, lastEvent(t, body)))], 16, "corrupt")
+	restore("another block size", good, 32, "block size 16")
+	for _, forged := range []uint64{seq + 1000, 1 << 63} {
+		fh := h
+		fh.seq = forged
+		restore(fmt.Sprintf("sequence %d", forged), encodeSnapshot(fh, body), 16, "past the stream's last (50)")
+	}
+	if _, err := bus.snaps.PutBytes(ctx, snapshotName, good); err != nil {
+		t.Fatal(err)
+	}
+	idx := shardpool.NewPool(2, 16)
+	defer idx.Close()
+	if from, err := bus.Restore(ctx, idx); err != nil || from != 50 || idx.Index().Size() != src.Index().Size() {
+		t.Fatalf("restored at %d with %d pairs (%v), want 50 and %d", from, idx.Index().Size(), err, src.Index().Size())
+	}
+}
+
+// lastEvent returns the last event of a snapshot body.
+func lastEvent(t *testing.T, body []byte) kvevent.RouterEvent {
+	t.Helper()
+	var ev kvevent.RouterEvent
+	for rest := body; len(rest) > 0; {
+		var err error
+		if ev, rest, err = readSnapEvent(rest); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ev
 }

@@ -52,6 +52,9 @@ type Indexer interface {
 	Stats() Stats
 	// Lanes returns the goroutines applying events: 1 for Single.
 	Lanes() int
+	// BlockSize returns the tokens per block the indexer hashes requests
+	// with: the block size every event it indexes must have been hashed at.
+	BlockSize() int
 	// Observe makes f hear every event once applied (or rejected), on the
 	// goroutine that applied it: for measuring, say, accepted-to-applied
 	// latency. Call it before the first event; f must be quick and safe

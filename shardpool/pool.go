@@ -78,6 +78,9 @@ var _ Indexer = (*Pool)(nil)
 // Lanes returns the number of lanes.
 func (p *Pool) Lanes() int { return len(p.lanes) }
 
+// BlockSize implements Indexer.
+func (p *Pool) BlockSize() int { return p.h.blockSize }
+
 // Index returns the index the pool maintains, for reading only (FindMatches,
 // Size; Dump once the pool is flushed and idle).
 func (p *Pool) Index() radix.ConcurrentIndex { return p.tree }

@@ -153,5 +153,8 @@ func (s *Single) Stats() Stats { return s.c.stats(len(s.ch)) }
 // Lanes implements Indexer: one goroutine owns the tree.
 func (s *Single) Lanes() int { return 1 }
 
+// BlockSize implements Indexer.
+func (s *Single) BlockSize() int { return s.h.blockSize }
+
 // Observe implements Indexer.
 func (s *Single) Observe(f func(ev kvevent.RouterEvent, err error)) { s.c.observe = f }
