@@ -18,10 +18,17 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -37,20 +44,30 @@ import (
 	"github.com/kvradix/kvradix/shardpool"
 )
 
-// Server is an embedded NATS server with JetStream.
+// Server is an embedded NATS server with JetStream. It admits only clients
+// that present its token: any local process could otherwise publish
+// events every replica applies, forge load, or purge and delete the
+// stream and the snapshots.
 type Server struct {
-	s *server.Server
+	s     *server.Server
+	token string
 }
 
 // StartEmbedded starts a NATS server on a random loopback port with
-// JetStream storing under dir.
+// JetStream storing under dir, requiring a token (see StartEmbeddedOn).
 func StartEmbedded(dir string) (*Server, error) { return StartEmbeddedOn(dir, server.RANDOM_PORT) }
 
 // StartEmbeddedOn is StartEmbedded on a given loopback port: a server
 // restarted on its port and directory keeps its streams, and clients
-// reconnect to it.
+// reconnect to it. The server requires the token in dir's tokenFile,
+// written (0600, 32 random bytes) on the first start and read on a
+// restart, so that reconnecting clients are admitted again.
 func StartEmbeddedOn(dir string, port int) (*Server, error) {
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	token, err := serverToken(dir)
+	if err != nil {
+		return nil, err
+	}
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true, Authorization: token})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: nats server: %w", err)
 	}
@@ -59,11 +76,46 @@ func StartEmbeddedOn(dir string, port int) (*Server, error) {
 		s.Shutdown()
 		return nil, errors.New("cluster: nats server not ready within 10s")
 	}
-	return &Server{s: s}, nil
+	return &Server{s: s, token: token}, nil
 }
 
-// URL is the server's client URL.
-func (s *Server) URL() string { return s.s.ClientURL() }
+// tokenFile is where an embedded server keeps its token, in its directory.
+const tokenFile = "auth-token"
+
+// serverToken reads dir's token, or makes one.
+func serverToken(dir string) (string, error) {
+	path := filepath.Join(dir, tokenFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil && len(bytes.TrimSpace(b)) > 0:
+		return string(bytes.TrimSpace(b)), nil
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("cluster: server token: %w", err)
+	}
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
+		return "", fmt.Errorf("cluster: server token: %w", err)
+	}
+	token := hex.EncodeToString(raw)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("cluster: server token: %w", err)
+	}
+	if err := os.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("cluster: server token: %w", err)
+	}
+	return token, nil
+}
+
+// URL is the server's client URL, carrying its token: Connect and NewShare
+// given it are admitted; the bare address is refused.
+func (s *Server) URL() string {
+	u, err := url.Parse(s.s.ClientURL())
+	if err != nil { // the server's own URL always parses
+		return s.s.ClientURL()
+	}
+	u.User = url.User(s.token)
+	return u.String()
+}
 
 // Port is the server's client port.
 func (s *Server) Port() int { return s.s.Addr().(*net.TCPAddr).Port }
@@ -74,8 +126,44 @@ func (s *Server) Shutdown() {
 	s.s.WaitForShutdown()
 }
 
+// Auth is how a client proves itself to a NATS server: the embedded
+// server's URL carries its token already; a real cluster takes any of
+// these (empty fields are not sent). TLS is used when RootCA or a client
+// certificate is given, or the URL's scheme is tls://.
+type Auth struct {
+	Token     string // a server token
+	User      string // with Password
+	Password  string
+	CredsFile string // a JWT and nkey seed .creds file
+	RootCA    string // PEM file of the CA the server's certificate chains to
+	CertFile  string // client certificate (PEM), with KeyFile, for mutual TLS
+	KeyFile   string
+}
+
+// options returns the nats options for a, after common.
+func (a Auth) options(common ...nats.Option) []nats.Option {
+	opts := common
+	if a.Token != "" {
+		opts = append(opts, nats.Token(a.Token))
+	}
+	if a.User != "" {
+		opts = append(opts, nats.UserInfo(a.User, a.Password))
+	}
+	if a.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(a.CredsFile))
+	}
+	if a.RootCA != "" {
+		opts = append(opts, nats.RootCAs(a.RootCA))
+	}
+	if a.CertFile != "" || a.KeyFile != "" {
+		opts = append(opts, nats.ClientCert(a.CertFile, a.KeyFile))
+	}
+	return opts
+}
+
 // Config names the stream and the snapshot bucket.
 type Config struct {
+	Auth                    // credentials and TLS for the NATS server
 	Stream    string        // the events' stream ("KVEVENTS")
 	Subject   string        // subject prefix; events go to <prefix>.<worker>.<rank> ("kv.events")
 	Bucket    string        // the snapshots' object store ("KVSNAPSHOTS")
@@ -112,7 +200,7 @@ type Bus struct {
 // stream and the snapshot bucket.
 func Connect(ctx context.Context, url string, cfg Config) (*Bus, error) {
 	cfg.defaults()
-	nc, err := nats.Connect(url, nats.Timeout(5*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	nc, err := nats.Connect(url, cfg.options(nats.Timeout(5*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))...)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: connect %s: %w", url, err)
 	}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net/url"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
 	"github.com/kvradix/kvradix/cluster"
@@ -356,4 +358,39 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 	}
+}
+
+// The embedded server admits only its token: a local client with the bare
+// address, or another token, cannot connect, so it can publish, purge and
+// delete nothing; the URL it hands out carries the token, and a server
+// restarted on its directory keeps it.
+func TestEmbeddedServerRequiresItsToken(t *testing.T) {
+	ctx, srv, bus := setup(t)
+	u, err := url.Parse(srv.URL())
+	if err != nil || u.User == nil || u.User.Username() == "" {
+		t.Fatalf("URL %q carries no token", srv.URL())
+	}
+	bare := *u
+	bare.User = nil
+	wrong := *u
+	wrong.User = url.User("not-the-token")
+	for _, addr := range []string{bare.String(), wrong.String()} {
+		if nc, err := nats.Connect(addr, nats.MaxReconnects(0)); err == nil {
+			nc.Close()
+			t.Fatalf("a client connected to %s", addr)
+		}
+		if b, err := cluster.Connect(ctx, addr, cluster.Config{}); err == nil {
+			b.Close()
+			t.Fatalf("cluster.Connect to %s succeeded", addr)
+		}
+	}
+	if _, err := bus.Publish(ctx, kvevent.RouterEvent{WorkerID: 1, Event: kvevent.Event{ID: 1, Data: kvevent.Cleared{}}}); err != nil {
+		t.Fatalf("the token's client cannot publish: %v", err)
+	}
+	// The same token through Auth, for a cluster whose URL carries none.
+	b, err := cluster.Connect(ctx, bare.String(), cluster.Config{Auth: cluster.Auth{Token: u.User.Username()}})
+	if err != nil {
+		t.Fatalf("Connect with Auth.Token: %v", err)
+	}
+	b.Close()
 }

@@ -22,6 +22,7 @@ import (
 
 // ShareConfig configures load sharing.
 type ShareConfig struct {
+	Auth                  // credentials and TLS for the NATS server
 	Subject string        // "kv.load"
 	Every   time.Duration // the most an update waits to be sent (1ms)
 	Timeout time.Duration // a replica silent this long has its load dropped (3s)
@@ -79,7 +80,7 @@ type peer struct {
 // NewShare connects replica r to the others over the NATS server at url.
 func NewShare(url string, r *router.Router, cfg ShareConfig) (*Share, error) {
 	cfg.defaults()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	nc, err := nats.Connect(url, cfg.options(nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))...)
 	if err != nil {
 		return nil, err
 	}
