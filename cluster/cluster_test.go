@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"net/url"
@@ -393,4 +394,89 @@ func TestEmbeddedServerRequiresItsToken(t *testing.T) {
 		t.Fatalf("Connect with Auth.Token: %v", err)
 	}
 	b.Close()
+}
+
+// A peer with the server's token but no good intent forges load messages:
+// completions and first tokens of another replica's requests from a
+// made-up replica, admissions with a prompt of 2^40 tokens, garbage, and
+// messages claiming the victim's own id. None of it changes the victim's
+// load: its requests stay counted and complete normally after, its
+// decisions still use worker 0, and every refused message or op is
+// counted.
+func TestForgedLoadChangesNothing(t *testing.T) {
+	_, srv, _ := setup(t)
+	var sh *cluster.Share
+	cfg := router.DefaultConfig()
+	cfg.BlockSize = 4
+	cfg.OnAdmit = func(id uuid.UUID, a router.Admission) { sh.OnAdmit(id, a) }
+	r, err := router.New(router.KV, cfg, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Shutdown()
+	if sh, err = cluster.NewShare(srv.URL(), r, cluster.ShareConfig{Timeout: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	ctx := context.Background()
+	var own []uuid.UUID
+	for i := range 10 {
+		id := uuid.New()
+		if _, err := r.SelectWorkerRank(ctx, router.Request{UUID: id, Tokens: []uint32{uint32(i), 1, 2, 3, 4}, MaxOutputTokens: 8}); err != nil {
+			t.Fatal(err)
+		}
+		own = append(own, id)
+	}
+	forger, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer forger.Close()
+	send := func(replica uuid.UUID, ops ...map[string]any) {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"r": replica, "s": 1, "ops": ops})
+		if err := forger.Publish("kv.load", b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	madeUp := uuid.New()
+	var ops []map[string]any
+	for _, id := range own {
+		ops = append(ops, map[string]any{"k": 'f', "id": id}, map[string]any{"k": 'c', "id": id})
+	}
+	send(madeUp, ops...) // 20 refused ops
+	ops = nil
+	for range 20 {
+		ops = append(ops, map[string]any{"k": 'a', "id": uuid.New(), "a": map[string]any{
+			"worker": map[string]any{"ID": 0}, "isl": int64(1) << 40, "blocks": []uint64{}, "overlap": 0}})
+	}
+	send(madeUp, ops...)                                                  // 20 refused admissions
+	send(sh.ID(), map[string]any{"k": 'c', "id": own[0]})                 // claims the victim's id: 1
+	if err := forger.Publish("kv.load", []byte("{garbage")); err != nil { // 1
+		t.Fatal(err)
+	}
+	waitUntil(t, "the forgeries to be counted", func() bool { return sh.Dropped() >= 42 })
+	if got := r.Stats().Active; got != 10 {
+		t.Fatalf("%d requests active after the forgeries, want the victim's 10", got)
+	}
+	workers := map[int]int{}
+	for i := range 200 {
+		id := uuid.New()
+		w, err := r.SelectWorker(ctx, router.Request{UUID: id, Tokens: []uint32{uint32(1000 + i), 5, 6, 7, 8}, MaxOutputTokens: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		workers[w]++
+		if _, err := r.OnComplete(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if workers[0] == 0 {
+		t.Fatalf("worker 0 got none of 200 decisions (%v): forged load steered routing", workers)
+	}
+	for _, id := range own {
+		if _, err := sh.OnComplete(id); err != nil {
+			t.Fatalf("the victim's own completion of %v: %v", id, err)
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -62,6 +63,8 @@ type Share struct {
 	r    *router.Router
 	self uuid.UUID
 	sub  *nats.Subscription
+
+	dropped atomic.Uint64 // messages and ops refused (see receive)
 
 	mu      sync.Mutex
 	pending []loadOp
@@ -177,10 +180,16 @@ func (s *Share) HeardFrom(id uuid.UUID) uint64 {
 	return 0
 }
 
-// receive applies another replica's updates.
+// receive applies another replica's updates. A replica changes only the
+// load it admitted itself: a first token or completion for a request that
+// replica did not admit (this replica's own, say) is dropped, and so are
+// admissions the router refuses (AdmitRemote: out of bounds), messages
+// that do not decode and messages claiming this replica's id; each is
+// counted (Dropped).
 func (s *Share) receive(m *nats.Msg) {
 	var msg loadMsg
-	if json.Unmarshal(m.Data, &msg) != nil || msg.Replica == s.self {
+	if json.Unmarshal(m.Data, &msg) != nil || msg.Replica == s.self || msg.Replica == uuid.Nil {
+		s.dropped.Add(1)
 		return
 	}
 	s.mu.Lock()
@@ -192,26 +201,49 @@ func (s *Share) receive(m *nats.Msg) {
 	p.seen = time.Now()
 	s.mu.Unlock()
 	for _, op := range msg.Ops {
-		switch op.Kind {
-		case 'a':
-			if op.Admit != nil && s.r.AdmitRemote(op.ID, *op.Admit) == nil {
-				s.mu.Lock()
-				p.reqs[op.ID] = struct{}{}
-				s.mu.Unlock()
-			}
-		case 'f':
-			_, _ = s.r.OnFirstToken(op.ID)
-		case 'c':
-			s.mu.Lock()
-			delete(p.reqs, op.ID)
-			s.mu.Unlock()
-			_, _ = s.r.OnComplete(op.ID)
+		if !s.apply(p, op) {
+			s.dropped.Add(1)
 		}
 	}
 	s.mu.Lock()
 	p.heard = max(p.heard, msg.Seq)
 	s.mu.Unlock()
 }
+
+// apply applies one op of replica p; false if it is refused.
+func (s *Share) apply(p *peer, op loadOp) bool {
+	if op.Kind == 'a' {
+		if op.Admit == nil || s.r.AdmitRemote(op.ID, *op.Admit) != nil {
+			return false
+		}
+		s.mu.Lock()
+		p.reqs[op.ID] = struct{}{}
+		s.mu.Unlock()
+		return true
+	}
+	s.mu.Lock()
+	_, admitted := p.reqs[op.ID]
+	if admitted && op.Kind == 'c' {
+		delete(p.reqs, op.ID)
+	}
+	s.mu.Unlock()
+	switch {
+	case !admitted:
+		return false
+	case op.Kind == 'f':
+		_, _ = s.r.OnFirstToken(op.ID)
+	case op.Kind == 'c':
+		_, _ = s.r.OnComplete(op.ID)
+	default:
+		return false
+	}
+	return true
+}
+
+// Dropped counts the load messages and operations refused: undecodable,
+// claiming this replica, out of bounds, or about requests their sender
+// did not admit.
+func (s *Share) Dropped() uint64 { return s.dropped.Load() }
 
 // dropSilent frees the load of replicas not heard from for Timeout.
 func (s *Share) dropSilent(now time.Time) {

@@ -348,13 +348,20 @@ type Admission struct {
 // AdmitRemote counts a request another replica admitted, so that this
 // router's decisions see its load; OnFirstToken and OnComplete (with the
 // same id) release it as for a local one. KV mode only; a duplicate id is
-// an error.
+// an error, and so is an admission no router could have made: more than
+// kvevent.MaxBlocks blocks, a prompt length that is not its blocks' (at
+// this router's block size), or an overlap past its blocks. Its size is
+// what it costs the other routers, so a forged one must not be huge.
 func (r *Router) AdmitRemote(id uuid.UUID, a Admission) error {
 	switch {
 	case r.closed.Load():
 		return ErrShutdown
 	case r.mode != KV:
 		return errors.New("router: remote load needs KV mode")
+	}
+	n, bs := len(a.Blocks), r.cfg.BlockSize
+	if n > kvevent.MaxBlocks || a.ISL < n*bs || a.ISL >= (n+1)*bs || int(a.Overlap) > n {
+		return fmt.Errorf("router: admission %v: %d tokens, %d blocks of %d, overlap %d do not fit", id, a.ISL, n, bs, a.Overlap)
 	}
 	return r.sched.Admit(SchedRequest{ID: id, ISL: a.ISL, Blocks: a.Blocks, Overlaps: map[kvevent.Worker]uint32{a.Worker: a.Overlap}}, a.Worker)
 }
