@@ -169,6 +169,7 @@ type Config struct {
 	Bucket    string        // the snapshots' object store ("KVSNAPSHOTS")
 	Duplicate time.Duration // the server's duplicate window (2m)
 	MaxMsgs   int64         // retention: messages kept (0: no limit)
+	LagWindow int           // how many of the latest events' lags a replica keeps (65536)
 }
 
 func (c *Config) defaults() {
@@ -183,6 +184,9 @@ func (c *Config) defaults() {
 	}
 	if c.Duplicate <= 0 {
 		c.Duplicate = 2 * time.Minute
+	}
+	if c.LagWindow <= 0 {
+		c.LagWindow = 1 << 16
 	}
 }
 
@@ -260,7 +264,8 @@ type Replica struct {
 	bad  atomic.Uint64 // messages that did not decode
 	snap atomic.Uint64 // the sequence of the last snapshot written
 	mu   sync.Mutex
-	lags []time.Duration // from storing in the stream to the hand-over to the indexer
+	lags []time.Duration // from storing in the stream to the hand-over to the indexer: a ring of the latest
+	next int             // where the next lag goes, once the ring is full
 }
 
 // RetentionGapError is Follow's error when the stream no longer holds the
@@ -284,9 +289,13 @@ func (b *Bus) Follow(ctx context.Context, idx shardpool.Indexer, from uint64) (*
 	if err != nil {
 		return nil, err
 	}
-	if first := info.State.FirstSeq; info.State.Msgs > 0 && first > from+1 {
+	// Compared without from+1, which wraps at 2^64-1.
+	if first := info.State.FirstSeq; info.State.Msgs > 0 && first > 1 && from < first-1 {
 		b.gaps.Add(1)
 		return nil, &RetentionGapError{From: from, FirstHeld: first}
+	}
+	if last := info.State.LastSeq; from > last {
+		return nil, fmt.Errorf("cluster: follow from %d, past the stream's last sequence %d: its events would never come", from, last)
 	}
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
 	if from > 0 {
@@ -318,17 +327,24 @@ func (r *Replica) handle(msg jetstream.Msg) {
 		r.bad.Add(1)
 	}
 	r.mu.Lock()
-	r.lags = append(r.lags, time.Since(meta.Timestamp))
+	if lag := time.Since(meta.Timestamp); len(r.lags) < r.b.cfg.LagWindow {
+		r.lags = append(r.lags, lag)
+	} else {
+		r.lags[r.next] = lag
+		r.next = (r.next + 1) % len(r.lags)
+	}
 	r.mu.Unlock()
 	r.seq.Store(meta.Sequence.Stream)
 }
 
-// Lags returns, for every event the replica applied, the time from its
-// storing in the stream to its hand-over to the indexer.
+// Lags returns, for the latest events the replica applied (at most
+// Config.LagWindow: a replica follows for days at 50k events a second, and
+// kept one lag an event, 1.4 GB an hour), oldest first, the time from each
+// one's storing in the stream to its hand-over to the indexer.
 func (r *Replica) Lags() []time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return slices.Clone(r.lags)
+	return append(slices.Clone(r.lags[r.next:]), r.lags[:r.next]...)
 }
 
 // Seq is the last stream sequence the replica applied (handed to its

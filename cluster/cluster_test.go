@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -479,4 +481,61 @@ func TestForgedLoadChangesNothing(t *testing.T) {
 			t.Fatalf("the victim's own completion of %v: %v", id, err)
 		}
 	}
+}
+
+// A replica keeps the lags of its latest LagWindow events only: memory a
+// long-running follower spends on them is bounded.
+func TestReplicaLagsBounded(t *testing.T) {
+	ctx, srv, _ := setup(t)
+	bus, err := cluster.Connect(ctx, srv.URL(), cluster.Config{Stream: "LAGS", Subject: "lags", Bucket: "LAGSNAP", LagWindow: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bus.Close()
+	pool := shardpool.NewPool(1, 16)
+	defer pool.Close()
+	r, err := bus.Follow(ctx, pool, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for i := range 180 {
+		ev := kvevent.RouterEvent{WorkerID: 1, Event: kvevent.Event{ID: uint64(i) + 1, Data: kvevent.Cleared{}}}
+		if _, err := bus.Publish(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(r.Lags()); n != 50 {
+		t.Fatalf("%d lags kept after 180 events, want the window's 50", n)
+	}
+}
+
+// Following from a sequence past the stream's last (a forged or stale
+// position, up to 2^64-1, where from+1 wraps) is refused, not a replica
+// waiting forever for events that never come.
+func TestFollowPastTheStreamIsRefused(t *testing.T) {
+	ctx, _, bus := setup(t)
+	if _, err := bus.Publish(ctx, kvevent.RouterEvent{WorkerID: 1, Event: kvevent.Event{ID: 1, Data: kvevent.Cleared{}}}); err != nil {
+		t.Fatal(err)
+	}
+	pool := shardpool.NewPool(1, 16)
+	defer pool.Close()
+	for _, from := range []uint64{2, 1000, 1 << 63, math.MaxUint64} {
+		r, err := bus.Follow(ctx, pool, from)
+		if err == nil {
+			r.Close()
+			t.Fatalf("followed from %d, past the stream's last (1)", from)
+		}
+		if !strings.Contains(err.Error(), "past the stream's last sequence 1") {
+			t.Fatalf("from %d: %v", from, err)
+		}
+	}
+	r, err := bus.Follow(ctx, pool, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
 }

@@ -11,6 +11,7 @@ package replay
 
 import (
 	"github.com/google/uuid"
+	"math"
 
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/router"
@@ -119,7 +120,12 @@ func (e *engine) blocksFor(isl, osl int) int { return blocksFor(isl, osl, e.cfg.
 
 // blocksFor is the blocks of bs tokens a request of isl prompt and osl
 // output tokens occupies at its longest.
-func blocksFor(isl, osl, bs int) int { return (isl + max(osl, 1) + bs - 1) / bs }
+func blocksFor(isl, osl, bs int) int {
+	// Summed unsigned (two non-negative ints cannot overflow it), so that
+	// no length (2^63-1 tokens of output, say) wraps into a small one.
+	n := (uint64(max(isl, 0)) + uint64(max(osl, 1)) + uint64(bs) - 1) / uint64(bs)
+	return int(min(n, math.MaxInt))
+}
 
 func (e *engine) publish(data kvevent.Data) {
 	e.eventID++

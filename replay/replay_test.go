@@ -285,3 +285,20 @@ func TestBlockMap(t *testing.T) {
 		}
 	}
 }
+
+// A request whose output length is 2^63-1 tokens is too large for any
+// engine and is counted as rejected (its size used to overflow into a
+// small one), beside a request that runs.
+func TestHugeOutputIsRejected(t *testing.T) {
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: 100, OutputLength: math.MaxInt64, HashIDs: []uint64{1}},
+		{Timestamp: 1, InputLength: 100, OutputLength: 4, HashIDs: []uint64{2}},
+	}
+	res, err := Run(reqs, KV, DefaultConfig())
+	if err != nil || res.Rejected != 1 || res.Completed != 1 {
+		t.Fatalf("rejected %d, completed %d (%v), want 1 and 1", res.Rejected, res.Completed, err)
+	}
+	if _, _, err := References(reqs, DefaultConfig()); err != nil {
+		t.Fatal(err)
+	}
+}

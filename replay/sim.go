@@ -68,8 +68,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("replay: max batched tokens %d, want >= 1", c.MaxBatchedTokens)
 	case c.MaxNumSeqs < 1:
 		return fmt.Errorf("replay: max num seqs %d, want >= 1", c.MaxNumSeqs)
-	case !(c.Speedup > 0):
-		return fmt.Errorf("replay: speedup %v, want > 0", c.Speedup)
+	case !(c.Speedup > 0) || math.IsInf(c.Speedup, 1):
+		return fmt.Errorf("replay: speedup %v, want finite and > 0", c.Speedup)
 	case !(c.Temperature >= 0) || math.IsInf(c.Temperature, 1):
 		return fmt.Errorf("replay: temperature %v, want finite and >= 0", c.Temperature)
 	case !(c.OverlapWeight >= 0) || math.IsInf(c.OverlapWeight, 1):
@@ -494,7 +494,9 @@ func (s *sim) arrive(i int, tr trace.Request, res *Result) {
 func (s *sim) presize(reqs []trace.Request) {
 	gaps := 0
 	for _, tr := range reqs {
-		gaps += max(tr.OutputLength-1, 0)
+		if blocksFor(tr.InputLength, tr.OutputLength, s.cfg.BlockSize) <= s.cfg.Blocks { // the rest are rejected
+			gaps += max(tr.OutputLength-1, 0)
+		}
 	}
 	s.ttft, s.tpot, s.e2e = make([]float64, 0, len(reqs)), make([]float64, 0, len(reqs)), make([]float64, 0, len(reqs))
 	s.itl = make([]float64, 0, gaps)

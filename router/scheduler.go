@@ -137,6 +137,10 @@ type activeRequest struct {
 	prefill int // prefill tokens still counted
 }
 
+// errZeroScheduler is every call's error on a Scheduler not made by
+// NewScheduler.
+var errZeroScheduler = errors.New("router: a zero Scheduler has no workers (use NewScheduler)")
+
 // finiteNonNegative rejects NaN, infinities and negatives: an infinite
 // weight or temperature turns every cost into Inf or NaN.
 func finiteNonNegative(x float64) bool { return x >= 0 && !math.IsInf(x, 1) }
@@ -189,6 +193,9 @@ func NewScheduler(cfg SchedulerConfig, workers []kvevent.Worker) (*Scheduler, er
 func (s *Scheduler) Schedule(ctx context.Context, req SchedRequest) (kvevent.Worker, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.reqs == nil {
+		return kvevent.Worker{}, errZeroScheduler
+	}
 	// A duplicate is refused before it can queue: an id active or waiting
 	// now is never admitted later as new.
 	_, active := s.reqs[req.ID]

@@ -117,6 +117,9 @@ func TestIndexerBadFlags(t *testing.T) {
 		{[]string{"indexer", "-synth", "-synth-requests", "0"}, "requests"},
 		{[]string{"indexer", "-trace", empty}, "no request"},
 		{[]string{"replay", "-trace", empty}, "no request"},
+		{[]string{"replay", "-speedup", "Inf"}, "speedup"},
+		{[]string{"router", "-inflight", "0"}, "-inflight"},
+		{[]string{"router", "-inflight", "8", "-clients", "16"}, "-inflight"},
 	} {
 		_, _, err := runArgs(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.msg) || strings.Contains(err.Error(), "\n") {

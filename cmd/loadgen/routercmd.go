@@ -89,8 +89,8 @@ func (c *routerConfig) validate() error {
 		return fmt.Errorf("-rate %v over -duration %v offers no request", c.rate, c.window)
 	case c.clients < 1:
 		return fmt.Errorf("-clients %d, want >= 1", c.clients)
-	case c.inflight < 0:
-		return fmt.Errorf("-inflight %d, want >= 0", c.inflight)
+	case c.inflight < c.clients:
+		return fmt.Errorf("-inflight %d, want >= -clients (%d): each client keeps its share active", c.inflight, c.clients)
 	}
 	return c.out.validate()
 }
