@@ -10,8 +10,9 @@
 package replay
 
 import (
-	"github.com/google/uuid"
 	"math"
+
+	"github.com/google/uuid"
 
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/router"
