@@ -16,6 +16,8 @@ import (
 	"math"
 
 	"github.com/tinylib/msgp/msgp"
+
+	"github.com/kvradix/kvradix/kvevent"
 )
 
 // Event types as vLLM tags them.
@@ -390,6 +392,9 @@ func readHashes(b []byte, i int) ([]uint64, []byte, error) {
 	if err != nil {
 		return nil, nil, evErr(i, "block_hashes", err)
 	}
+	if n > kvevent.MaxBlocks {
+		return nil, nil, evErr(i, "block_hashes", kvevent.ErrTooMany)
+	}
 	if int(n) > len(b) {
 		return nil, nil, evErr(i, "block_hashes", msgp.ErrShortBytes)
 	}
@@ -402,10 +407,21 @@ func readHashes(b []byte, i int) ([]uint64, []byte, error) {
 	return out, b, nil
 }
 
+// MaxTokens bounds the token ids of one event: kvevent.MaxBlocks blocks of
+// 16 tokens. With MaxBlocks on its block hashes, nothing the subscriber
+// accepts is an event kvevent's own decoder would refuse, and one event
+// cannot make it allocate more than 64 MiB of token ids.
+const MaxTokens = 16 * kvevent.MaxBlocks
+
+var errTooManyTokens = fmt.Errorf("more than %d token ids in one event", MaxTokens)
+
 func readTokens(b []byte, i int) ([]uint32, []byte, error) {
 	n, b, err := msgp.ReadArrayHeaderBytes(b)
 	if err != nil {
 		return nil, nil, evErr(i, "token_ids", err)
+	}
+	if n > MaxTokens {
+		return nil, nil, evErr(i, "token_ids", errTooManyTokens)
 	}
 	if int(n) > len(b) {
 		return nil, nil, evErr(i, "token_ids", msgp.ErrShortBytes)

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
+
+	"github.com/kvradix/kvradix/kvevent"
 )
 
 const (
@@ -221,5 +223,42 @@ func TestDecodeBatchBoundsEvents(t *testing.T) {
 	_, err := DecodeBatch(payload)
 	if err == nil || !strings.Contains(err.Error(), "events") || !strings.Contains(err.Error(), "more than") {
 		t.Fatalf("oversized batch: %v", err)
+	}
+}
+
+// TestDecodeBoundsHashesAndTokens: an event with more block hashes than
+// kvevent.MaxBlocks, or more token ids than MaxTokens, is refused naming
+// the field and the bound, before the arrays are allocated (a frame of 8
+// MB used to decode into 64 MB): nothing ingest accepts is undecodable
+// elsewhere.
+func TestDecodeBoundsHashesAndTokens(t *testing.T) {
+	stored := func(hashes, tokens uint32) []byte {
+		b := msgp.AppendArrayHeader(nil, 2)
+		b = msgp.AppendFloat64(b, 1)
+		b = msgp.AppendArrayHeader(b, 1)
+		b = msgp.AppendArrayHeader(b, 5)
+		b = msgp.AppendString(b, "BlockStored")
+		b = msgp.AppendArrayHeader(b, hashes)
+		for range min(hashes, 4) {
+			b = msgp.AppendUint64(b, 7)
+		}
+		b = msgp.AppendNil(b)
+		b = msgp.AppendArrayHeader(b, tokens)
+		b = append(b, make([]byte, 8<<20)...) // enough bytes to pass the length checks
+		return b
+	}
+	for _, tc := range []struct {
+		name          string
+		hashes, toks  uint32
+		field, reason string
+	}{
+		{"hashes", kvevent.MaxBlocks + 1, 0, "block_hashes", "blocks in one event"},
+		{"tokens", 1, MaxTokens + 1, "token_ids", "token ids in one event"},
+	} {
+		_, err := DecodeBatch(stored(tc.hashes, tc.toks))
+		var de *DecodeError
+		if !errors.As(err, &de) || de.Field != tc.field || !strings.Contains(err.Error(), tc.reason) {
+			t.Errorf("%s: %v, want field %q saying %q", tc.name, err, tc.field, tc.reason)
+		}
 	}
 }

@@ -377,3 +377,44 @@ func TestZMTPParserFrames(t *testing.T) {
 		t.Fatal("a 300-byte frame passed at limit 299")
 	}
 }
+
+// A clean close of a connected subscriber is no error (it used to return
+// "use of closed network connection": the guard closes the connections
+// before the sockets close theirs).
+func TestCleanCloseIsNoError(t *testing.T) {
+	e, _, sub := connectedEngine(t)
+	e.publish(t, 3, radix.NewTree())
+	settle(t, sub, e)
+	if err := sub.Close(); err != nil {
+		t.Fatalf("clean close: %v", err)
+	}
+}
+
+// A silent replay address costs a gap no more than ReplayIdle: the replay
+// dial's handshake is bounded by the shorter of HandshakeTimeout and
+// ReplayIdle (it waited the whole handshake timeout, a minute here, for
+// every gap).
+func TestSilentReplayPeerCostsReplayIdle(t *testing.T) {
+	silent := newHostilePeer(t, func(c net.Conn) { io.Copy(io.Discard, c) })
+	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	sub, _, err := newTestSubscriber(t, SubscriberConfig{HandshakeTimeout: time.Minute, ReplayIdle: 300 * time.Millisecond},
+		Endpoint{Worker: 1, Address: pub.Addr(), Replay: silent.addr(), Topic: "kv@e@"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	waitFor(t, "the subscription", func() bool {
+		pub.Publish(nil)
+		return sub.Received()[0] > 0 || sub.Stats().GapsFound > 0
+	})
+	pub.DropLive = func(uint64) bool { return true }
+	pub.Publish([]Event{storedEvent(1)})
+	pub.DropLive = nil
+	pub.Publish(nil)
+	// Within waitFor's 10 s, where the handshake timeout is a minute.
+	waitFor(t, "the gap to be given up", func() bool { return sub.Stats().GapsLost > 0 })
+}

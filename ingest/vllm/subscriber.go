@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -107,13 +108,14 @@ type SubscriberStats struct {
 // engine restarted, so that worker's rank is cleared and resynced; whatever
 // cannot be repaired is counted and reported as a Loss, never hidden.
 type Subscriber struct {
-	idx    shardpool.Indexer
-	cfg    SubscriberConfig
-	ctx    context.Context
-	cancel context.CancelFunc
-	eps    []*endpoint
-	wg     sync.WaitGroup
-	guard  *guard
+	idx         shardpool.Indexer
+	cfg         SubscriberConfig
+	ctx         context.Context
+	cancel      context.CancelFunc
+	eps         []*endpoint
+	wg          sync.WaitGroup
+	guard       *guard
+	replayGuard *guard // replay dials: the handshake bounded by ReplayIdle too
 
 	mu     sync.Mutex
 	losses []Loss
@@ -168,8 +170,15 @@ func NewSubscriber(idx shardpool.Indexer, cfg SubscriberConfig, eps ...Endpoint)
 	if err != nil {
 		return nil, err
 	}
+	// A replay is given up after ReplayIdle without a reply; its dial and
+	// handshake must not wait longer (a silent replay address held each
+	// gap up for the whole handshake timeout).
+	rg, err := newGuard(cfg.MaxMessageBytes, min(cfg.HandshakeTimeout, cfg.ReplayIdle))
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Subscriber{idx: idx, cfg: cfg, ctx: ctx, cancel: cancel, guard: g}
+	s := &Subscriber{idx: idx, cfg: cfg, ctx: ctx, cancel: cancel, guard: g, replayGuard: rg}
 	for _, ep := range eps {
 		e := &endpoint{cfg: ep, conv: NewConverter(ep.Worker, cfg.BlockSize), msgs: make(chan zmq4.Msg, 1<<12), flushes: make(chan chan struct{}), stopped: make(chan struct{})}
 		e.sub = zmq4.NewSub(ctx, zmq4.WithDialerRetry(50*time.Millisecond), zmq4.WithDialerTimeout(cfg.HandshakeTimeout),
@@ -447,8 +456,8 @@ func (s *Subscriber) replayStream(ctx context.Context, e *endpoint, from uint64)
 	if e.cfg.Replay == "" {
 		return nil, "no replay endpoint"
 	}
-	dealer := zmq4.NewDealer(ctx, zmq4.WithTimeout(s.cfg.ReplayIdle), zmq4.WithDialerTimeout(s.cfg.HandshakeTimeout), zmq4.WithDialerMaxRetries(0))
-	if err := dealer.Dial(s.guard.endpoint(e.cfg.Replay)); err != nil {
+	dealer := zmq4.NewDealer(ctx, zmq4.WithTimeout(s.cfg.ReplayIdle), zmq4.WithDialerTimeout(s.replayGuard.handshake), zmq4.WithDialerMaxRetries(0))
+	if err := dealer.Dial(s.replayGuard.endpoint(e.cfg.Replay)); err != nil {
 		closeReceiver(dealer)
 		return nil, "replay dial: " + err.Error()
 	}
@@ -600,7 +609,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		Batches: s.c.batches.Load(), Replayed: s.c.replayed.Load(), BadFrames: s.c.badFrames.Load(),
 		DecodeErrors: s.c.decodeErrs.Load(), Duplicates: s.c.dups.Load(), Restarts: s.c.restarts.Load(), SuspectSeqs: s.c.suspect.Load(), Disconnects: s.c.disconnects.Load(),
 		GapsFound: s.c.gaps.Load(), GapsRepaired: s.c.repaired.Load(), GapsLost: s.c.lost.Load(),
-		FramesRefused: s.guard.refused.Load(), HandshakeTimeouts: s.guard.timeouts.Load(),
+		FramesRefused: s.guard.refused.Load() + s.replayGuard.refused.Load(), HandshakeTimeouts: s.guard.timeouts.Load() + s.replayGuard.timeouts.Load(),
 		BatchesLost: s.c.batchesLost.Load(), ApplyErrors: s.c.applyErrs.Load(), EventsApplied: s.c.applied.Load(),
 	}
 	for _, e := range s.eps {
@@ -651,12 +660,17 @@ func (s *Subscriber) Close() error {
 	}
 	s.cancel()
 	s.guard.close() // unblocks reads and handshakes, whatever the peers do
+	s.replayGuard.close()
 	for _, e := range s.eps {
 		e.queue.wake() // a receiver waiting for room sees the cancel
 	}
 	var err error
 	for _, e := range s.eps {
-		err = errors.Join(err, closeReceiver(e.sub))
+		// The guard closed the connections first: a socket finding its own
+		// closed is the clean case, not an error.
+		if cerr := closeReceiver(e.sub); !errors.Is(cerr, net.ErrClosed) {
+			err = errors.Join(err, cerr)
+		}
 	}
 	s.wg.Wait()
 	return err
