@@ -170,6 +170,7 @@ type Config struct {
 	Duplicate time.Duration // the server's duplicate window (2m)
 	MaxMsgs   int64         // retention: messages kept (0: no limit)
 	LagWindow int           // how many of the latest events' lags a replica keeps (65536)
+	Patience  time.Duration // how long a call waits out a server away (restarting) before it errs (30s)
 }
 
 func (c *Config) defaults() {
@@ -188,11 +189,16 @@ func (c *Config) defaults() {
 	if c.LagWindow <= 0 {
 		c.LagWindow = 1 << 16
 	}
+	if c.Patience <= 0 {
+		c.Patience = 30 * time.Second
+	}
 }
 
 // Bus is a connection to the stream and the snapshot store.
 type Bus struct {
-	gaps   atomic.Uint64 // follows refused for a retention gap
+	gaps      atomic.Uint64 // follows refused for a retention gap
+	resets    atomic.Uint64 // replicas that found their stream re-created or purged below them
+	recreated atomic.Uint64 // times the bus re-created a missing stream
 	cfg    Config
 	nc     *nats.Conn
 	js     jetstream.JetStream
@@ -236,6 +242,29 @@ func (b *Bus) open(ctx context.Context) error {
 	return nil
 }
 
+// recreate re-creates the stream and the bucket after a server lost them
+// (restarted without its data): the handles name them, so they work again.
+func (b *Bus) recreate(ctx context.Context) error {
+	if _, err := b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name: b.cfg.Stream, Subjects: []string{b.cfg.Subject + ".>"}, Duplicates: b.cfg.Duplicate,
+		Storage: jetstream.FileStorage, MaxMsgs: b.cfg.MaxMsgs,
+	}); err != nil {
+		return fmt.Errorf("cluster: re-create stream %s: %w", b.cfg.Stream, err)
+	}
+	if _, err := b.js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: b.cfg.Bucket, Storage: jetstream.FileStorage}); err != nil {
+		return fmt.Errorf("cluster: re-create snapshot bucket %s: %w", b.cfg.Bucket, err)
+	}
+	b.recreated.Add(1)
+	return nil
+}
+
+// Recreated counts the times the bus re-created its missing stream.
+func (b *Bus) Recreated() uint64 { return b.recreated.Load() }
+
+// StreamResets counts replicas that found their stream re-created or
+// purged below their position (StreamResetError).
+func (b *Bus) StreamResets() uint64 { return b.resets.Load() }
+
 // Close closes the connection.
 func (b *Bus) Close() { b.nc.Close() }
 
@@ -249,6 +278,13 @@ func (b *Bus) Publish(ctx context.Context, ev kvevent.RouterEvent) (uint64, erro
 	subject := fmt.Sprintf("%s.%d.%d", b.cfg.Subject, ev.WorkerID, ev.Event.DPRank)
 	id := fmt.Sprintf("%d.%d.%d", ev.WorkerID, ev.Event.DPRank, ev.Event.ID)
 	ack, err := b.js.Publish(ctx, subject, ev.AppendJSON(nil), jetstream.WithMsgID(id))
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+		// No stream takes the subject: the server lost it. Make it again.
+		if rerr := b.recreate(ctx); rerr != nil {
+			return 0, rerr
+		}
+		ack, err = b.js.Publish(ctx, subject, ev.AppendJSON(nil), jetstream.WithMsgID(id))
+	}
 	if err != nil {
 		return 0, fmt.Errorf("cluster: publish %s: %w", id, err)
 	}
@@ -266,6 +302,41 @@ type Replica struct {
 	mu   sync.Mutex
 	lags []time.Duration // from storing in the stream to the hand-over to the indexer: a ring of the latest
 	next int             // where the next lag goes, once the ring is full
+	err  error           // why the replica can follow no more (see Err)
+}
+
+// StreamResetError is CatchUp's error when the stream no longer reaches
+// the replica's position: it was re-created (a server restarted without
+// its data) or purged below it. The replica's index reflects a stream that
+// is gone and cannot follow the new one: Join again, which restores the
+// newest snapshot the stream reaches, or starts clean.
+type StreamResetError struct {
+	At       uint64 // the replica's position
+	Last     uint64 // the stream's last sequence
+	FirstSeq uint64 // the stream's first sequence still held
+}
+
+func (e *StreamResetError) Error() string {
+	return fmt.Sprintf("cluster: the replica is at %d, the stream holds %d..%d: it was re-created or purged below the replica", e.At, e.FirstSeq, e.Last)
+}
+
+// Err returns why the replica can follow no more (a *StreamResetError), or
+// nil.
+func (r *Replica) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+// fail records, once, why the replica can follow no more.
+func (r *Replica) fail(err error) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err == nil {
+		r.err = err
+		r.b.resets.Add(1)
+	}
+	return r.err
 }
 
 // RetentionGapError is Follow's error when the stream no longer holds the
@@ -357,9 +428,18 @@ func (r *Replica) Bad() uint64 { return r.bad.Load() }
 // CatchUp waits until the replica has applied the stream's last message
 // (and its indexer has applied it), or ctx ends.
 func (r *Replica) CatchUp(ctx context.Context) error {
-	last, err := r.b.LastSeq(ctx)
+	if err := r.Err(); err != nil {
+		return err
+	}
+	st, err := r.b.state(ctx)
 	if err != nil {
 		return err
+	}
+	last := st.LastSeq
+	// Reset: the stream ends below the replica, or the events it has yet
+	// to apply were purged (they will never come).
+	if at := r.seq.Load(); last < at || (at < last && st.FirstSeq > at+1) {
+		return r.fail(&StreamResetError{At: at, Last: last, FirstSeq: st.FirstSeq})
 	}
 	for r.seq.Load() < last {
 		select {
@@ -375,19 +455,34 @@ func (r *Replica) CatchUp(ctx context.Context) error {
 // Close stops following.
 func (r *Replica) Close() { r.cc.Stop() }
 
-// LastSeq returns the stream's last sequence, retrying for up to 30 s
-// while the server is away (restarting, say).
+// LastSeq returns the stream's last sequence, waiting out a server away
+// (restarting, say) for at most Config.Patience, and re-creating the
+// stream if the server lost it.
 func (b *Bus) LastSeq(ctx context.Context) (uint64, error) {
-	deadline := time.Now().Add(30 * time.Second)
+	st, err := b.state(ctx)
+	return st.LastSeq, err
+}
+
+// state returns the stream's state as LastSeq does. Every request to the
+// server is given the time left, so that the whole wait stays within
+// Patience (a request started near its end used to run past it by its
+// own timeout).
+func (b *Bus) state(ctx context.Context) (jetstream.StreamState, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.Patience)
+	defer cancel()
 	for {
 		info, err := b.stream.Info(ctx)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			if err = b.recreate(ctx); err == nil {
+				continue
+			}
+		}
 		if err == nil {
-			return info.State.LastSeq, nil
+			return info.State, nil
 		}
-		if ctx.Err() != nil || time.Now().After(deadline) {
-			return 0, fmt.Errorf("cluster: stream %s: %w", b.cfg.Stream, err)
+		if !ctxwait.Sleep(ctx, 20*time.Millisecond) {
+			return jetstream.StreamState{}, fmt.Errorf("cluster: stream %s: %w", b.cfg.Stream, err)
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -441,14 +536,20 @@ func (b *Bus) snapshot(ctx context.Context) ([]byte, error) {
 // from there. When retention has dropped events after that snapshot, it
 // says so (RetentionGaps), closes that indexer, and waits (up to wait) for
 // a snapshot past the gap from the replicas writing them, then rebuilds
-// from it; it never serves an index missing events. Without any snapshot
-// it follows from the stream's start.
+// from it; it never serves an index missing events. Without any snapshot,
+// or with one past the stream's end (the stream was re-created since), it
+// follows from the stream's start.
 func (b *Bus) Join(ctx context.Context, newIndexer func() shardpool.Indexer, wait time.Duration) (*Replica, shardpool.Indexer, error) {
 	deadline := time.Now().Add(wait)
 	for {
 		idx := newIndexer()
 		from, err := b.Restore(ctx, idx)
-		if err != nil && !errors.Is(err, ErrNoSnapshot) {
+		switch {
+		case errors.Is(err, ErrSnapshotPastStream):
+			// The stream was re-created since: the snapshot reflects events
+			// it no longer has. Restore applied nothing; start clean.
+			from = 0
+		case err != nil && !errors.Is(err, ErrNoSnapshot):
 			idx.Close()
 			return nil, nil, err
 		}

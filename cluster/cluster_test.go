@@ -7,12 +7,15 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
 	"github.com/kvradix/kvradix/cluster"
@@ -538,4 +541,158 @@ func TestFollowPastTheStreamIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.Close()
+}
+
+// The server restarts without its data (same port and credentials): the
+// bus re-creates the stream when it publishes again; a replica that was at
+// 60 finds the stream ending below it and says so (CatchUp's and Err's
+// StreamResetError, counted), instead of staying quiet at 60 while the new
+// events pass it by; Join then starts clean (the snapshot is past the new
+// stream's end) and the new replica holds the new stream's events.
+func TestLostStreamIsDetectedAndRejoined(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	srv, err := cluster.StartEmbedded(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := srv.Port()
+	bus, err := cluster.Connect(ctx, srv.URL(), cluster.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bus.Close()
+	evs, _ := events(90, 5)
+	a, poolA := follow(t, ctx, bus, 0)
+	for i, ev := range evs[:60] {
+		ev.Event.ID = uint64(i) + 1
+		if _, err := bus.Publish(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.Snapshot(ctx, poolA.Index()); err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+	fresh := t.TempDir() // the data is gone; the credentials are kept
+	token, err := os.ReadFile(filepath.Join(dir, "auth-token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(fresh, "auth-token"), token, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv, err = cluster.StartEmbeddedOn(fresh, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	want := radixtest.Holdings{}
+	for i, ev := range evs[60:] {
+		ev.Event.ID = uint64(1000 + i)
+		var err error
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if _, err = bus.Publish(ctx, ev); err == nil || time.Now().After(deadline) {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("publish after the server lost its data: %v", err)
+		}
+		_ = want.Apply(ev)
+	}
+	if bus.Recreated() == 0 {
+		t.Fatal("the bus did not re-create the stream")
+	}
+	var reset *cluster.StreamResetError
+	if err := a.CatchUp(ctx); !errors.As(err, &reset) || reset.At != 60 || reset.Last != 30 {
+		t.Fatalf("CatchUp of the replica at 60: %v, want a StreamResetError at 60, last 30", err)
+	}
+	if !errors.As(a.Err(), &reset) || bus.StreamResets() != 1 {
+		t.Fatalf("Err %v, %d resets counted", a.Err(), bus.StreamResets())
+	}
+	r, idx, err := bus.Join(ctx, func() shardpool.Indexer { return shardpool.NewPool(2, 16) }, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idx.Close()
+	defer r.Close()
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := want.DiffIndex(idx.(*shardpool.Pool).Index()); d != "" {
+		t.Fatalf("the rejoined replica: %s", d)
+	}
+}
+
+// The stream is deleted (the bucket stays): the bus re-creates it on the
+// next publish, the snapshot left in the bucket is past the new stream's
+// end, and Join starts clean instead of refusing or restoring it.
+func TestJoinStartsCleanAfterTheStreamIsRecreated(t *testing.T) {
+	ctx, srv, bus := setup(t)
+	evs, _ := events(40, 6)
+	a, poolA := follow(t, ctx, bus, 0)
+	for i, ev := range evs[:30] {
+		ev.Event.ID = uint64(i) + 1
+		if _, err := bus.Publish(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.Snapshot(ctx, poolA.Index()); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(ctx, "KVEVENTS"); err != nil {
+		t.Fatal(err)
+	}
+	want := radixtest.Holdings{}
+	for i, ev := range evs[30:] {
+		ev.Event.ID = uint64(100 + i)
+		if _, err := bus.Publish(ctx, ev); err != nil {
+			t.Fatalf("publish after the stream was deleted: %v", err)
+		}
+		_ = want.Apply(ev)
+	}
+	r, idx, err := bus.Join(ctx, func() shardpool.Indexer { return shardpool.NewPool(2, 16) }, time.Second)
+	if err != nil {
+		t.Fatalf("Join with a snapshot past the re-created stream: %v", err)
+	}
+	defer idx.Close()
+	defer r.Close()
+	if err := r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := want.DiffIndex(idx.(*shardpool.Pool).Index()); d != "" {
+		t.Fatalf("the replica joined after the reset: %s", d)
+	}
+}
+
+// With the server gone for good, CatchUp gives up after Config.Patience,
+// whatever a single request to the server takes (it ran 10 s past its
+// documented 30 s).
+func TestCatchUpKeepsItsPatience(t *testing.T) {
+	ctx, srv, _ := setup(t)
+	bus, err := cluster.Connect(ctx, srv.URL(), cluster.Config{Stream: "PATIENT", Subject: "patient", Bucket: "PATIENTSNAP", Patience: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bus.Close()
+	r, _ := follow(t, ctx, bus, 0)
+	srv.Shutdown()
+	start := time.Now()
+	if err := r.CatchUp(ctx); err == nil {
+		t.Fatal("caught up with no server")
+	}
+	if took := time.Since(start); took > 15*time.Second {
+		t.Fatalf("CatchUp gave up after %v with a patience of 1s", took)
+	}
 }

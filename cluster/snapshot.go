@@ -41,6 +41,11 @@ const (
 	snapHeaderLen = 8 + 8 + 4 + 8 + 8 + 8 + 8
 )
 
+// ErrSnapshotPastStream is Restore's error for a snapshot at a sequence
+// the stream does not reach: forged, or of a stream since re-created
+// (Join then starts clean).
+var ErrSnapshotPastStream = errors.New("cluster: snapshot past the stream")
+
 // ErrCorruptSnapshot is Restore's error for a snapshot that is not whole:
 // not this format, cut short, padded, or failing its checksum.
 var ErrCorruptSnapshot = errors.New("cluster: corrupt snapshot")
@@ -240,7 +245,7 @@ func (b *Bus) Restore(ctx context.Context, idx shardpool.Indexer) (uint64, error
 		return 0, err
 	}
 	if h.seq > last {
-		return 0, fmt.Errorf("cluster: snapshot at stream sequence %d, past the stream's last (%d)", h.seq, last)
+		return 0, fmt.Errorf("%w: snapshot at stream sequence %d, past the stream's last (%d)", ErrSnapshotPastStream, h.seq, last)
 	}
 	for rest := body; len(rest) > 0; {
 		var ev kvevent.RouterEvent
