@@ -199,11 +199,11 @@ type Bus struct {
 	gaps      atomic.Uint64 // follows refused for a retention gap
 	resets    atomic.Uint64 // replicas that found their stream re-created or purged below them
 	recreated atomic.Uint64 // times the bus re-created a missing stream
-	cfg    Config
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	stream jetstream.Stream
-	snaps  jetstream.ObjectStore
+	cfg       Config
+	nc        *nats.Conn
+	js        jetstream.JetStream
+	stream    jetstream.Stream
+	snaps     jetstream.ObjectStore
 }
 
 // Connect connects to the NATS server at url and creates (or updates) the
