@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,6 +92,12 @@ func NewShare(url string, r *router.Router, cfg ShareConfig) (*Share, error) {
 	if s.sub, err = nc.Subscribe(cfg.Subject, s.receive); err != nil {
 		nc.Close()
 		return nil, err
+	}
+	// A round trip, so that the server has the subscription before
+	// NewShare returns: updates sent from then on are heard.
+	if err := nc.FlushTimeout(10 * time.Second); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("cluster: share on %s: %w", cfg.Subject, err)
 	}
 	s.done.Add(1)
 	go s.loop()
