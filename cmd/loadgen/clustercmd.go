@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -36,6 +37,13 @@ type clusterResult struct {
 	// server restarts, during the run.
 	ReplicaRestarts int `json:"replica_restarts"`
 	ServerRestarts  int `json:"server_restarts"`
+	// -faults: a hostile client's tries (a connection without the
+	// server's token: refused; forged load messages: dropped by every
+	// sharing replica), and snapshots refused as corrupt before the
+	// replacement replica restored a good one.
+	HostileRefused   bool   `json:"hostile_refused"`
+	ForgeriesDropped uint64 `json:"forgeries_dropped"`
+	SnapshotsRefused int    `json:"snapshots_refused"`
 }
 
 // msStats carries whichever of mean, p50 and p99 a figure reports.
@@ -75,7 +83,7 @@ func (c *clusterConfig) register(fs *flag.FlagSet) {
 	fs.Float64Var(&c.sim.Speedup, "speedup", c.sim.Speedup, "divide arrival times by this")
 	fs.IntVar(&c.replicas, "replicas", 3, "router replicas; requests are spread over them round robin")
 	fs.StringVar(&c.natsURL, "nats", "", "NATS server or cluster `url` (JetStream enabled); default: an embedded server")
-	fs.BoolVar(&c.faults, "faults", false, "a third of the way, kill a replica and restart it from a snapshot; half way, restart the embedded NATS server (JetStream on disk)")
+	fs.BoolVar(&c.faults, "faults", false, "a quarter of the way, a hostile client (no token: refused; forged load: dropped); a third, kill a replica, corrupt its snapshot, and restart it from a good one; half way, restart the embedded NATS server (JetStream on disk)")
 }
 
 // runCluster replays the trace through mock engines routed by one router,
@@ -168,8 +176,11 @@ type clusterPolicy struct {
 	// -faults: the request before which a replica is killed and restarted
 	// from a snapshot, and the one before which the server restarts (0:
 	// none).
-	killAt, restartAt int
-	restart           func() error
+	killAt, restartAt, hostileAt int
+	restart                      func() error
+	url, bucket, loadSubject     string
+	hostileRefused               bool
+	snapshotsRefused             int
 	newReplica        func(from uint64) (*clusterReplica, error)
 	dead              []*clusterReplica // killed: their requests' reports go nowhere
 	replicaRestarts   int
@@ -192,7 +203,8 @@ func (c *clusterConfig) run(ctx context.Context, url string, reqs []trace.Reques
 		return clusterResult{}, 0, 0, err
 	}
 	defer bus.Close()
-	p := &clusterPolicy{ctx: ctx, bus: bus, owner: map[uuid.UUID]*clusterReplica{}, ref: radixtest.Holdings{}, dp: c.sim.DPSize}
+	p := &clusterPolicy{ctx: ctx, bus: bus, owner: map[uuid.UUID]*clusterReplica{}, ref: radixtest.Holdings{}, dp: c.sim.DPSize,
+		url: url, bucket: "SNAP_" + suffix, loadSubject: "kv.load." + suffix}
 	done, cancelled := context.WithCancel(context.Background())
 	cancelled() // a decision that would queue returns at once
 	p.newReplica = func(from uint64) (*clusterReplica, error) {
@@ -215,6 +227,7 @@ func (c *clusterConfig) run(ctx context.Context, url string, reqs []trace.Reques
 		}
 		if c.restartServer != nil {
 			p.restartAt, p.restart = len(reqs)/2, c.restartServer
+			p.hostileAt = len(reqs) / 4 // the embedded server's token is known
 		}
 	}
 	defer func() {
@@ -232,7 +245,12 @@ func (c *clusterConfig) run(ctx context.Context, url string, reqs []trace.Reques
 	}
 	out := clusterResult{Mode: mode, Replicas: n, ReuseRatio: res.ReuseRatio, TTFTMs: msStats{Mean: res.TTFT.Mean, P99: res.TTFT.P99},
 		LoadCV: res.Load.CV, Requests: res.Requests, ElapsedS: time.Since(start).Seconds(), IndexesEqual: true,
-		ReplicaRestarts: p.replicaRestarts, ServerRestarts: p.serverRestarts}
+		ReplicaRestarts: p.replicaRestarts, ServerRestarts: p.serverRestarts, HostileRefused: p.hostileRefused, SnapshotsRefused: p.snapshotsRefused}
+	for _, r := range append(slices.Clone(p.replicas), p.dead...) {
+		if r.share != nil {
+			out.ForgeriesDropped += r.share.Dropped()
+		}
+	}
 	var lags []time.Duration
 	for i, r := range p.replicas {
 		if err := r.follow.CatchUp(ctx); err != nil {
@@ -351,32 +369,6 @@ func (p *clusterPolicy) Choose(i int, req router.Request) (int, error) {
 	return int(w.ID)*max(p.dp, 1) + int(w.DPRank), nil
 }
 
-// inject makes -faults' faults before request i: replica 1 snapshots its
-// index (as it would every so often), dies, and a new replica takes its
-// place from that snapshot; the server restarts (the clients reconnect,
-// JetStream keeps the stream on disk).
-func (p *clusterPolicy) inject(i int) error {
-	switch {
-	case p.killAt > 0 && i == p.killAt:
-		victim := p.replicas[1]
-		if _, err := victim.follow.Snapshot(p.ctx, victim.pool.Index()); err != nil {
-			return err
-		}
-		victim.close()
-		r, err := p.newReplica(1) // from the snapshot
-		if err != nil {
-			return err
-		}
-		p.replicas[1] = r
-		p.dead = append(p.dead, victim)
-		p.replicaRestarts++
-	case p.restartAt > 0 && i == p.restartAt:
-		p.serverRestarts++
-		return p.restart()
-	}
-	return nil
-}
-
 // heard flushes every replica's load updates and waits (a second at most:
 // core NATS may drop a message) until r has applied the others'.
 func (p *clusterPolicy) heard(r *clusterReplica) error {
@@ -464,7 +456,8 @@ func printCluster(w io.Writer, rep clusterReport) {
 	for _, r := range rep.Results {
 		faults := "-"
 		if rep.Faults {
-			faults = fmt.Sprintf("%d replica, %d server restarts", r.ReplicaRestarts, r.ServerRestarts)
+			faults = fmt.Sprintf("%d replica, %d server restarts; hostile client refused %v, %d forgeries dropped; %d corrupt snapshots refused",
+				r.ReplicaRestarts, r.ServerRestarts, r.HostileRefused, r.ForgeriesDropped, r.SnapshotsRefused)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.1f\t%.1f\t%.3f\t%.2f\t%.2f\t%v\t%s\t\n", r.Mode, r.Replicas, r.ReuseRatio, r.TTFTMs.Mean, r.TTFTMs.P99,
 			r.LoadCV, r.EventLagMs.P50, r.EventLagMs.P99, r.IndexesEqual, faults)

@@ -252,8 +252,11 @@ func TestClusterFaults(t *testing.T) {
 		if r.Mode == "single" {
 			wantReplica = 0
 		}
-		if !r.IndexesEqual || r.ServerRestarts != 1 || r.ReplicaRestarts != wantReplica {
+		if !r.IndexesEqual || r.ServerRestarts != 1 || r.ReplicaRestarts != wantReplica || r.SnapshotsRefused != wantReplica || !r.HostileRefused {
 			t.Fatalf("%+v", r)
+		}
+		if r.Mode == "shared" && r.ForgeriesDropped < 20 {
+			t.Fatalf("%s: %d forgeries dropped, want the 20 admissions at least", r.Mode, r.ForgeriesDropped)
 		}
 	}
 }
