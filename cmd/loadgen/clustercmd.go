@@ -181,10 +181,10 @@ type clusterPolicy struct {
 	url, bucket, loadSubject     string
 	hostileRefused               bool
 	snapshotsRefused             int
-	newReplica        func(from uint64) (*clusterReplica, error)
-	dead              []*clusterReplica // killed: their requests' reports go nowhere
-	replicaRestarts   int
-	serverRestarts    int
+	newReplica                   func(from uint64) (*clusterReplica, error)
+	dead                         []*clusterReplica // killed: their requests' reports go nowhere
+	replicaRestarts              int
+	serverRestarts               int
 }
 
 type clusterReplica struct {

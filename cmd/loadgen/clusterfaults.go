@@ -123,4 +123,3 @@ func (p *clusterPolicy) corruptSnapshot() error {
 	_, err = store.PutBytes(p.ctx, "index", snap)
 	return err
 }
-
