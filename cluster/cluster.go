@@ -13,8 +13,10 @@
 // port, JetStream on a directory of the caller's), or any NATS cluster by
 // URL.
 //
-// This package is the event bus and the snapshots; sharing in-flight load
-// between replicas is not built yet.
+// Replicas share their in-flight load over core NATS (Share). Nothing is
+// taken on trust: the embedded server admits only its token, a replica
+// changes only the load another admitted within a router's bounds, and a
+// snapshot is checked whole before it is applied.
 package cluster
 
 import (
