@@ -1,6 +1,7 @@
 package vllm
 
 import (
+	"context"
 	"encoding/binary"
 	"io"
 	"net"
@@ -9,6 +10,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
 
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
@@ -417,4 +421,92 @@ func TestSilentReplayPeerCostsReplayIdle(t *testing.T) {
 	pub.Publish(nil)
 	// Within waitFor's 10 s, where the handshake timeout is a minute.
 	waitFor(t, "the gap to be given up", func() bool { return sub.Stats().GapsLost > 0 })
+}
+
+// stallTransport dials TCP and, after the first stallAfter bytes read (the
+// handshake and a little), stops reading until closed: a subscriber that
+// stops reading.
+type stallTransport struct{ inner transport.Transport }
+
+const stallAfter = 4096
+
+func (s stallTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	c, err := s.inner.Dial(ctx, d, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &stallConn{Conn: c, closed: make(chan struct{})}, nil
+}
+
+func (s stallTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	return s.inner.Listen(ctx, addr)
+}
+
+func (s stallTransport) Addr(ep string) (string, error) { return s.inner.Addr(ep) }
+
+type stallConn struct {
+	net.Conn
+	read   int
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (c *stallConn) Read(b []byte) (int, error) {
+	if c.read >= stallAfter {
+		<-c.closed
+		return 0, net.ErrClosed
+	}
+	n, err := c.Conn.Read(b[:min(len(b), stallAfter-c.read)])
+	c.read += n
+	return n, err
+}
+
+func (c *stallConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+// A subscriber that stops reading is cut after SlowAfter, and holds the
+// healthy subscriber back no longer: it receives every batch (it stalled
+// at 20,045 of 23,000 while the send queue grew), and the cut is counted.
+func TestSlowSubscriberIsCut(t *testing.T) {
+	if err := zmq4.RegisterTransport("kvradix-stall", stallTransport{transport.New("tcp")}); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m", SlowAfter: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	stalled := zmq4.NewSub(context.Background())
+	defer stalled.Close()
+	if err := stalled.Dial("kvradix-stall://" + strings.TrimPrefix(pub.Addr(), "tcp://")); err != nil {
+		t.Fatal(err)
+	}
+	if err := stalled.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatal(err)
+	}
+	sub, _, err := newTestSubscriber(t, SubscriberConfig{}, Endpoint{Worker: 1, Address: pub.Addr(), Topic: "kv@e@"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	waitFor(t, "the subscription", func() bool {
+		pub.Publish(nil)
+		return sub.Received()[0] > 0 || sub.Stats().GapsFound > 0
+	})
+	batch := make([]Event, 100)
+	for i := range batch {
+		batch[i] = storedEvent(uint64(i + 1))
+	}
+	var last uint64
+	for range 2000 {
+		if last, err = pub.Publish(batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the healthy subscriber to receive every batch", func() bool { return sub.Received()[0] >= last })
+	if pub.SlowSubscribers() == 0 {
+		t.Fatal("the stalled subscriber was not cut")
+	}
 }

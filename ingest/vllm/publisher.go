@@ -35,6 +35,9 @@ type PublisherConfig struct {
 	Framing        Framing  // of replayed batches
 	BufferSteps    int      // batches kept for replay (vLLM's buffer_steps, 10000)
 	DPRank         *int     // the envelope's data_parallel_rank
+	// SlowAfter is how long one write to a subscriber may block before the
+	// subscriber is cut (DefaultSlowAfter): see Publisher.SlowSubscribers.
+	SlowAfter time.Duration
 }
 
 // Publisher publishes KV event batches as a vLLM engine does: three-frame
@@ -43,6 +46,7 @@ type PublisherConfig struct {
 // batch from it and an end marker. It is safe for concurrent use.
 type Publisher struct {
 	cfg    PublisherConfig
+	cutter *slowCutter
 	pub    zmq4.Socket
 	router zmq4.Socket
 	cancel context.CancelFunc
@@ -74,9 +78,16 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.BufferSteps <= 0 {
 		cfg.BufferSteps = 10000
 	}
+	if cfg.SlowAfter <= 0 {
+		cfg.SlowAfter = DefaultSlowAfter
+	}
+	cutter, err := newSlowCutter(cfg.SlowAfter)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Publisher{cfg: cfg, cancel: cancel, pub: zmq4.NewPub(ctx), ctx: ctx}
-	if err := p.pub.Listen(cfg.Endpoint); err != nil {
+	p := &Publisher{cfg: cfg, cutter: cutter, cancel: cancel, pub: zmq4.NewPub(ctx), ctx: ctx}
+	if err := p.pub.Listen(cutter.endpoint(cfg.Endpoint)); err != nil {
 		cancel()
 		p.pub.Close()
 		return nil, fmt.Errorf("vllm: publisher: listen %s: %w", cfg.Endpoint, err)
@@ -94,6 +105,11 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	}
 	return p, nil
 }
+
+// SlowSubscribers counts the subscribers cut for not reading: a write to
+// them blocked longer than SlowAfter. A subscriber that stops reading
+// would otherwise hold every other back while the send queue grows.
+func (p *Publisher) SlowSubscribers() uint64 { return p.cutter.cut.Load() }
 
 // Addr returns the live endpoint as subscribers dial it.
 func (p *Publisher) Addr() string { return "tcp://" + p.pub.Addr().String() }
@@ -179,7 +195,7 @@ func (p *Publisher) Rebind() error {
 	p.pub.Close()
 	p.pub = zmq4.NewPub(p.ctx)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		err := p.pub.Listen(addr)
+		err := p.pub.Listen(p.cutter.endpoint(addr))
 		if err == nil {
 			return nil
 		}
