@@ -523,7 +523,7 @@ func (b *Bus) snapshot(ctx context.Context) ([]byte, error) {
 		cancel()
 		switch {
 		case errors.Is(err, jetstream.ErrObjectNotFound):
-			return nil, ErrNoSnapshot
+			return nil, b.noSnapshot(ctx)
 		case err == nil:
 			return data, nil
 		case ctx.Err() != nil:
@@ -531,6 +531,20 @@ func (b *Bus) snapshot(ctx context.Context) ([]byte, error) {
 		}
 	}
 	return nil, fmt.Errorf("cluster: read snapshot: %w", err)
+}
+
+// noSnapshot tells a bucket that never held a snapshot (ErrNoSnapshot)
+// from one whose snapshot cannot be found though its data is there (its
+// description lost on disk, say): corruption, not an empty start.
+func (b *Bus) noSnapshot(ctx context.Context) error {
+	st, err := b.snaps.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("cluster: snapshot bucket %s: %w", b.cfg.Bucket, err)
+	}
+	if st.Size() > 0 {
+		return fmt.Errorf("%w: the bucket holds %d bytes but no readable snapshot", ErrCorruptSnapshot, st.Size())
+	}
+	return ErrNoSnapshot
 }
 
 // Join brings a new or restarted replica up: it restores the newest

@@ -194,3 +194,45 @@ func lastEvent(t *testing.T, body []byte) kvevent.RouterEvent {
 	}
 	return ev
 }
+
+// A bucket whose snapshot's description is gone (damaged on disk) while
+// its data is still there is corruption, not "no snapshot" (which would
+// make Join start from the stream's start as if nothing had been lost).
+func TestSnapshotWithoutItsDescriptionIsCorrupt(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := StartEmbedded(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	bus, err := Connect(ctx, srv.URL(), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bus.Close()
+	pool := shardpool.NewPool(1, 16)
+	defer pool.Close()
+	if _, err := bus.Restore(ctx, pool); err != ErrNoSnapshot {
+		t.Fatalf("an empty bucket: %v, want ErrNoSnapshot", err)
+	}
+	data, _, _ := snapFixture()
+	if _, err := bus.snaps.PutBytes(ctx, snapshotName, data); err != nil {
+		t.Fatal(err)
+	}
+	// Drop the object's description (its meta message), keep its chunks.
+	stream, err := bus.js.Stream(ctx, "OBJ_"+bus.cfg.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta, err := stream.GetLastMsgForSubject(ctx, "$O."+bus.cfg.Bucket+".M.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.DeleteMsg(ctx, meta.Sequence); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.Restore(ctx, pool); !errors.Is(err, ErrCorruptSnapshot) {
+		t.Fatalf("a snapshot without its description: %v, want ErrCorruptSnapshot", err)
+	}
+}
