@@ -205,9 +205,23 @@ func TestForgedSequencesAreNotBelieved(t *testing.T) {
 	e, pool, sub := connectedEngine(t)
 	e.publish(t, 5, want)
 	settle(t, sub, e)
-	for _, forged := range []uint64{1 << 63, ^uint64(0) - 1, 2} {
+	for i, forged := range []uint64{1 << 63, ^uint64(0) - 1, 2} {
+		before := sub.Stats()
+		// Each forgery is judged before the genuine stream goes on: else
+		// the check's replay may fetch genuine batches early, which is no
+		// gap either, but not what this test looks at.
 		if err := e.pub.PublishAt(forged, []Event{e.gen.Step()}); err != nil {
 			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(20 * time.Second); sub.Stats().SuspectSeqs < uint64(i+1); time.Sleep(2 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("forgery %d never judged: %+v", i, sub.Stats())
+			}
+		}
+		// A forgery is no gap: nothing was missing, so none is counted
+		// found, repaired or lost.
+		if st := sub.Stats(); st.GapsFound != before.GapsFound || st.GapsRepaired != before.GapsRepaired || st.GapsLost != before.GapsLost {
+			t.Fatalf("forgery %d counted as a gap: %+v", i, st)
 		}
 		e.publish(t, 3, want) // the genuine stream goes on
 		settle(t, sub, e)

@@ -349,19 +349,21 @@ func (s *Subscriber) handle(e *endpoint, msg zmq4.Msg) {
 		e.expected = 0
 	case seq-e.expected > s.cfg.MaxSeqJump:
 		// Further ahead than the engine's ring could hold: replay what it
-		// has; believe the message only if the ring reaches it.
-		s.c.gaps.Add(1)
+		// has; believe the message only if the ring reaches it. A message
+		// the ring does not reach is forged or stale, and no gap: what the
+		// replay applied meanwhile would have come live. Only batches the
+		// ring no longer holds are a gap, and lost.
 		e.holes = false
 		next, _, reached := s.replay(e, e.expected, seq)
 		if !reached {
 			s.c.suspect.Add(1)
 			if e.holes {
+				s.c.gaps.Add(1)
 				s.c.lost.Add(1)
-			} else {
-				s.c.repaired.Add(1)
 			}
 			return
 		}
+		s.c.gaps.Add(1)
 		if next < seq {
 			s.lose(e, next, seq-1, "older than the engine's replay buffer")
 			e.holes = true
