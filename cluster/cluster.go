@@ -358,16 +358,16 @@ func (e *RetentionGapError) Error() string {
 // to idx, until Close. If the stream no longer holds the sequence after
 // from, it refuses with a *RetentionGapError.
 func (b *Bus) Follow(ctx context.Context, idx shardpool.Indexer, from uint64) (*Replica, error) {
-	info, err := b.stream.Info(ctx)
+	st, err := b.state(ctx) // re-creates a stream the server lost
 	if err != nil {
 		return nil, err
 	}
 	// Compared without from+1, which wraps at 2^64-1.
-	if first := info.State.FirstSeq; info.State.Msgs > 0 && first > 1 && from < first-1 {
+	if first := st.FirstSeq; st.Msgs > 0 && first > 1 && from < first-1 {
 		b.gaps.Add(1)
 		return nil, &RetentionGapError{From: from, FirstHeld: first}
 	}
-	if last := info.State.LastSeq; from > last {
+	if last := st.LastSeq; from > last {
 		return nil, fmt.Errorf("cluster: follow from %d, past the stream's last sequence %d: its events would never come", from, last)
 	}
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}

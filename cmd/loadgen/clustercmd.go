@@ -44,6 +44,9 @@ type clusterResult struct {
 	HostileRefused   bool   `json:"hostile_refused"`
 	ForgeriesDropped uint64 `json:"forgeries_dropped"`
 	SnapshotsRefused int    `json:"snapshots_refused"`
+	// -faults: replicas that found the stream lost below them and were
+	// replaced by ones starting clean on the re-created stream.
+	StreamResets int `json:"stream_resets"`
 }
 
 // msStats carries whichever of mean, p50 and p99 a figure reports.
@@ -176,15 +179,15 @@ type clusterPolicy struct {
 	// -faults: the request before which a replica is killed and restarted
 	// from a snapshot, and the one before which the server restarts (0:
 	// none).
-	killAt, restartAt, hostileAt int
-	restart                      func() error
-	url, bucket, loadSubject     string
-	hostileRefused               bool
-	snapshotsRefused             int
-	newReplica                   func(from uint64) (*clusterReplica, error)
-	dead                         []*clusterReplica // killed: their requests' reports go nowhere
-	replicaRestarts              int
-	serverRestarts               int
+	killAt, restartAt, hostileAt, loseAt int
+	restart                              func() error
+	url, stream, bucket, loadSubject     string
+	hostileRefused                       bool
+	snapshotsRefused, streamResets       int
+	newReplica                           func(from uint64) (*clusterReplica, error)
+	dead                                 []*clusterReplica // killed: their requests' reports go nowhere
+	replicaRestarts                      int
+	serverRestarts                       int
 }
 
 type clusterReplica struct {
@@ -204,7 +207,7 @@ func (c *clusterConfig) run(ctx context.Context, url string, reqs []trace.Reques
 	}
 	defer bus.Close()
 	p := &clusterPolicy{ctx: ctx, bus: bus, owner: map[uuid.UUID]*clusterReplica{}, ref: radixtest.Holdings{}, dp: c.sim.DPSize,
-		url: url, bucket: "SNAP_" + suffix, loadSubject: "kv.load." + suffix}
+		url: url, stream: "KV_" + suffix, bucket: "SNAP_" + suffix, loadSubject: "kv.load." + suffix}
 	done, cancelled := context.WithCancel(context.Background())
 	cancelled() // a decision that would queue returns at once
 	p.newReplica = func(from uint64) (*clusterReplica, error) {
@@ -228,6 +231,7 @@ func (c *clusterConfig) run(ctx context.Context, url string, reqs []trace.Reques
 		if c.restartServer != nil {
 			p.restartAt, p.restart = len(reqs)/2, c.restartServer
 			p.hostileAt = len(reqs) / 4 // the embedded server's token is known
+			p.loseAt = 2 * len(reqs) / 3
 		}
 	}
 	defer func() {
@@ -245,7 +249,8 @@ func (c *clusterConfig) run(ctx context.Context, url string, reqs []trace.Reques
 	}
 	out := clusterResult{Mode: mode, Replicas: n, ReuseRatio: res.ReuseRatio, TTFTMs: msStats{Mean: res.TTFT.Mean, P99: res.TTFT.P99},
 		LoadCV: res.Load.CV, Requests: res.Requests, ElapsedS: time.Since(start).Seconds(), IndexesEqual: true,
-		ReplicaRestarts: p.replicaRestarts, ServerRestarts: p.serverRestarts, HostileRefused: p.hostileRefused, SnapshotsRefused: p.snapshotsRefused}
+		ReplicaRestarts: p.replicaRestarts, ServerRestarts: p.serverRestarts, HostileRefused: p.hostileRefused, SnapshotsRefused: p.snapshotsRefused,
+		StreamResets: p.streamResets}
 	for _, r := range append(slices.Clone(p.replicas), p.dead...) {
 		if r.share != nil {
 			out.ForgeriesDropped += r.share.Dropped()
@@ -456,8 +461,8 @@ func printCluster(w io.Writer, rep clusterReport) {
 	for _, r := range rep.Results {
 		faults := "-"
 		if rep.Faults {
-			faults = fmt.Sprintf("%d replica, %d server restarts; hostile client refused %v, %d forgeries dropped; %d corrupt snapshots refused",
-				r.ReplicaRestarts, r.ServerRestarts, r.HostileRefused, r.ForgeriesDropped, r.SnapshotsRefused)
+			faults = fmt.Sprintf("%d replica, %d server restarts; hostile client refused %v, %d forgeries dropped; %d corrupt snapshots refused; %d stream resets",
+				r.ReplicaRestarts, r.ServerRestarts, r.HostileRefused, r.ForgeriesDropped, r.SnapshotsRefused, r.StreamResets)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.1f\t%.1f\t%.3f\t%.2f\t%.2f\t%v\t%s\t\n", r.Mode, r.Replicas, r.ReuseRatio, r.TTFTMs.Mean, r.TTFTMs.P99,
 			r.LoadCV, r.EventLagMs.P50, r.EventLagMs.P99, r.IndexesEqual, faults)

@@ -11,14 +11,18 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvradix/kvradix/cluster"
+	"github.com/kvradix/kvradix/radix/radixtest"
 )
 
-// inject makes -faults' faults before request i: replica 1 snapshots its
-// index (as it would every so often), dies, and a new replica takes its
-// place from that snapshot; the server restarts (the clients reconnect,
-// JetStream keeps the stream on disk).
+// inject makes -faults' faults before request i: a hostile client;
+// replica 1 snapshots its index (as it would every so often), dies, its
+// snapshot is corrupted, and a new replica takes its place from a good
+// one; the server restarts (the clients reconnect, JetStream keeps the
+// stream on disk); the stream is lost.
 func (p *clusterPolicy) inject(i int) error {
 	switch {
+	case p.loseAt > 0 && i == p.loseAt:
+		return p.loseStream()
 	case p.hostileAt > 0 && i == p.hostileAt:
 		return p.hostile()
 	case p.killAt > 0 && i == p.killAt:
@@ -54,6 +58,42 @@ func (p *clusterPolicy) inject(i int) error {
 		p.serverRestarts++
 		return p.restart()
 	}
+	return nil
+}
+
+// loseStream deletes the event stream, as a server that lost its data
+// would have it. Every replica finds its stream reset below it
+// (StreamResetError) and is replaced by one that starts clean on the
+// stream the bus re-creates; the reference starts clean too, so replicas
+// and reference are compared on what the stream holds from then on.
+func (p *clusterPolicy) loseStream() error {
+	nc, err := nats.Connect(p.url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if err := js.DeleteStream(p.ctx, p.stream); err != nil {
+		return err
+	}
+	for k, r := range p.replicas {
+		var reset *cluster.StreamResetError
+		if err := r.follow.CatchUp(p.ctx); !errors.As(err, &reset) {
+			return fmt.Errorf("replica %d did not see its stream reset: %v", k, err)
+		}
+		p.streamResets++
+		r.close()
+		fresh, err := p.newReplica(0)
+		if err != nil {
+			return err
+		}
+		p.replicas[k] = fresh
+		p.dead = append(p.dead, r)
+	}
+	p.ref = radixtest.Holdings{}
 	return nil
 }
 

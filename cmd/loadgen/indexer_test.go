@@ -255,6 +255,9 @@ func TestClusterFaults(t *testing.T) {
 		if !r.IndexesEqual || r.ServerRestarts != 1 || r.ReplicaRestarts != wantReplica || r.SnapshotsRefused != wantReplica || !r.HostileRefused {
 			t.Fatalf("%+v", r)
 		}
+		if r.StreamResets != r.Replicas {
+			t.Fatalf("%s: %d stream resets, want every one of its %d replicas", r.Mode, r.StreamResets, r.Replicas)
+		}
 		if r.Mode == "shared" && r.ForgeriesDropped < 20 {
 			t.Fatalf("%s: %d forgeries dropped, want the 20 admissions at least", r.Mode, r.ForgeriesDropped)
 		}
