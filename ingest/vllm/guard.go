@@ -44,9 +44,18 @@ func closeReceiver(s zmq4.Socket) error {
 	return err
 }
 
-// DefaultMaxMessageBytes is SubscriberConfig.MaxMessageBytes's default: far
-// above any KV event batch, far below what would hurt.
-const DefaultMaxMessageBytes = 64 << 20
+// DefaultMaxMessageBytes is SubscriberConfig.MaxMessageBytes's default, 16
+// MiB. vLLM publishes one batch a step: one BlockStored per request that
+// filled blocks, with its token ids (at most 5 bytes each in msgpack) and
+// block hashes. A million-token prefill, the longest context vLLM serves,
+// is at most ~5 MiB of token ids and ~0.6 MiB of hashes at block size 16;
+// 16 MiB leaves room for a step of several such requests. A frame is
+// allocated whole when its header is read, so the limit is what each
+// message a peer announces can cost (see SubscriberConfig.MaxConns).
+const DefaultMaxMessageBytes = 16 << 20
+
+// DefaultMaxConns is SubscriberConfig.MaxConns's default.
+const DefaultMaxConns = 4
 
 // DefaultHandshakeTimeout is SubscriberConfig.HandshakeTimeout's default.
 const DefaultHandshakeTimeout = 5 * time.Second
@@ -58,12 +67,14 @@ var ErrFrameTooLarge = errors.New("vllm: zmtp frame larger than the limit")
 // guard is one subscriber's transport: registered with zmq4 under a scheme
 // of its own, it wraps every connection dialled or accepted through it.
 type guard struct {
-	scheme    string
-	inner     transport.Transport
-	limit     uint64
-	handshake time.Duration
-	refused   atomic.Uint64 // frames refused for their size
-	timeouts  atomic.Uint64 // handshakes that ran out of time
+	scheme     string
+	inner      transport.Transport
+	limit      uint64
+	handshake  time.Duration
+	maxConns   int           // per listener
+	refused    atomic.Uint64 // frames refused for their size
+	timeouts   atomic.Uint64 // handshakes that ran out of time
+	turnedAway atomic.Uint64 // connections refused past a listener's cap
 
 	mu     sync.Mutex
 	conns  map[*guardConn]struct{}
@@ -74,9 +85,9 @@ var guardSeq atomic.Uint64
 
 // newGuard registers a guard for TCP endpoints. (zmq4 keeps a transport for
 // the life of the process; a guard is a few words.)
-func newGuard(limit int, handshake time.Duration) (*guard, error) {
+func newGuard(limit int, handshake time.Duration, maxConns int) (*guard, error) {
 	g := &guard{scheme: fmt.Sprintf("kvradix-tcp-%d", guardSeq.Add(1)), inner: transport.New("tcp"),
-		limit: uint64(limit), handshake: handshake, conns: map[*guardConn]struct{}{}}
+		limit: uint64(limit), handshake: handshake, maxConns: maxConns, conns: map[*guardConn]struct{}{}}
 	if err := zmq4.RegisterTransport(g.scheme, g); err != nil {
 		return nil, err
 	}
@@ -101,13 +112,15 @@ func (g *guard) Dial(ctx context.Context, d transport.Dialer, addr string) (net.
 	return g.wrap(c)
 }
 
-// Listen implements transport.Transport.
+// Listen implements transport.Transport. Each listener accepts at most
+// maxConns connections at a time; more are closed as they come and
+// counted.
 func (g *guard) Listen(ctx context.Context, addr string) (net.Listener, error) {
 	l, err := g.inner.Listen(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	return guardListener{l, g}, nil
+	return &guardListener{Listener: l, g: g}, nil
 }
 
 // Addr implements transport.Transport.
@@ -115,18 +128,33 @@ func (g *guard) Addr(ep string) (string, error) { return g.inner.Addr(ep) }
 
 type guardListener struct {
 	net.Listener
-	g *guard
+	g      *guard
+	active atomic.Int64 // connections accepted and not closed
 }
 
-func (l guardListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
+func (l *guardListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.active.Add(1) > int64(l.g.maxConns) {
+			l.active.Add(-1)
+			l.g.turnedAway.Add(1)
+			c.Close()
+			continue
+		}
+		gc, err := l.g.wrap(c)
+		if err != nil {
+			l.active.Add(-1)
+			return nil, err
+		}
+		gc.onClose = func() { l.active.Add(-1) }
+		return gc, nil
 	}
-	return l.g.wrap(c)
 }
 
-func (g *guard) wrap(c net.Conn) (net.Conn, error) {
+func (g *guard) wrap(c net.Conn) (*guardConn, error) {
 	gc := &guardConn{Conn: c, g: g}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -159,8 +187,10 @@ func (g *guard) close() {
 // read (the library's own reads are not touched, only cut short).
 type guardConn struct {
 	net.Conn
-	g *guard
-	p zmtpParser
+	g       *guard
+	p       zmtpParser
+	onClose func() // a listener's count, if accepted
+	closed  atomic.Bool
 }
 
 func (c *guardConn) Read(b []byte) (int, error) {
@@ -187,6 +217,9 @@ func (c *guardConn) Close() error {
 	c.g.mu.Lock()
 	delete(c.g.conns, c)
 	c.g.mu.Unlock()
+	if !c.closed.Swap(true) && c.onClose != nil {
+		c.onClose()
+	}
 	return c.Conn.Close()
 }
 

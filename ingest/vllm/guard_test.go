@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -522,5 +523,53 @@ func TestSlowSubscriberIsCut(t *testing.T) {
 	waitFor(t, "the healthy subscriber to receive every batch", func() bool { return sub.Received()[0] >= last })
 	if pub.SlowSubscribers() == 0 {
 		t.Fatal("the stalled subscriber was not cut")
+	}
+}
+
+// Sixteen hostile peers connect to a Listen endpoint at once, each
+// announcing a 60 MiB frame: the endpoint holds at most MaxConns of them,
+// refuses every frame past the 16 MiB limit before anything is allocated,
+// and the process's heap stays far under 512 MB (it reached 1.69 GB: one
+// whole frame allocated per connection, and more queued).
+func TestHostileConnectionsAreBounded(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	sub, _, err := newTestSubscriber(t, SubscriberConfig{}, Endpoint{Worker: 1, Address: "tcp://" + addr, Listen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	var peers sync.WaitGroup
+	stop := make(chan struct{})
+	for range 16 {
+		peers.Go(func() {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			if greet(c) != nil {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+			c.Write(longFrame(0, 60<<20))
+			go func() { <-stop; c.Close() }()
+			io.Copy(io.Discard, c)
+		})
+	}
+	waitFor(t, "every hostile connection to be turned away or its frame refused", func() bool {
+		st := sub.Stats()
+		return st.FramesRefused+st.ConnsRefused >= 16
+	})
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	close(stop)
+	peers.Wait()
+	if ms.HeapAlloc > 256<<20 {
+		t.Fatalf("heap at %d MiB with 16 hostile connections", ms.HeapAlloc>>20)
 	}
 }

@@ -39,6 +39,17 @@ type SubscriberConfig struct {
 	// than this from any peer (live or replay, TCP): the connection is
 	// dropped and counted (DefaultMaxMessageBytes).
 	MaxMessageBytes int
+	// MaxConns caps the connections a Listen endpoint holds at once; more
+	// are closed as they come and counted (DefaultMaxConns; a Dial
+	// endpoint has one). With it, what peers can make an endpoint hold in
+	// memory is bounded, across all its connections: zmq4 allocates each
+	// frame whole as its header is read and keeps up to 10 received
+	// messages per socket, plus one per connection waiting to be queued and
+	// one being read, so at most (10 + 2·MaxConns)·MaxMessageBytes +
+	// MaxQueueBytes: 224 MiB for a Dial endpoint with the defaults, 320 MiB
+	// for a Listen one (16 hostile connections announcing 60 MiB frames
+	// reached 1.69 GB before the cap and the 16 MiB limit).
+	MaxConns int
 	// HandshakeTimeout bounds a TCP connection's ZMTP handshake, and each
 	// dial (DefaultHandshakeTimeout).
 	HandshakeTimeout time.Duration
@@ -96,9 +107,12 @@ type SubscriberStats struct {
 	// connections dropped); HandshakeTimeouts, peers that did not complete
 	// the handshake in time.
 	FramesRefused, HandshakeTimeouts uint64
-	Convert                          ConvertStats
-	RecentLosses                     []Loss // the latest losses, at most 64
-	EventsApplied                    uint64 // router events handed to the indexer
+	// ConnsRefused counts connections a Listen endpoint closed past
+	// MaxConns.
+	ConnsRefused  uint64
+	Convert       ConvertStats
+	RecentLosses  []Loss // the latest losses, at most 64
+	EventsApplied uint64 // router events handed to the indexer
 }
 
 // Subscriber receives engines' KV events over ZeroMQ, decodes and converts
@@ -154,6 +168,9 @@ func NewSubscriber(idx shardpool.Indexer, cfg SubscriberConfig, eps ...Endpoint)
 	if cfg.ReplayTotal <= 0 {
 		cfg.ReplayTotal = 2 * time.Minute
 	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
 	if cfg.MaxMessageBytes <= 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
 	}
@@ -166,14 +183,14 @@ func NewSubscriber(idx shardpool.Indexer, cfg SubscriberConfig, eps ...Endpoint)
 	if cfg.MaxQueueBytes <= 0 {
 		cfg.MaxQueueBytes = 32 << 20
 	}
-	g, err := newGuard(cfg.MaxMessageBytes, cfg.HandshakeTimeout)
+	g, err := newGuard(cfg.MaxMessageBytes, cfg.HandshakeTimeout, cfg.MaxConns)
 	if err != nil {
 		return nil, err
 	}
 	// A replay is given up after ReplayIdle without a reply; its dial and
 	// handshake must not wait longer (a silent replay address held each
 	// gap up for the whole handshake timeout).
-	rg, err := newGuard(cfg.MaxMessageBytes, min(cfg.HandshakeTimeout, cfg.ReplayIdle))
+	rg, err := newGuard(cfg.MaxMessageBytes, min(cfg.HandshakeTimeout, cfg.ReplayIdle), cfg.MaxConns)
 	if err != nil {
 		return nil, err
 	}
@@ -612,7 +629,8 @@ func (s *Subscriber) Stats() SubscriberStats {
 		DecodeErrors: s.c.decodeErrs.Load(), Duplicates: s.c.dups.Load(), Restarts: s.c.restarts.Load(), SuspectSeqs: s.c.suspect.Load(), Disconnects: s.c.disconnects.Load(),
 		GapsFound: s.c.gaps.Load(), GapsRepaired: s.c.repaired.Load(), GapsLost: s.c.lost.Load(),
 		FramesRefused: s.guard.refused.Load() + s.replayGuard.refused.Load(), HandshakeTimeouts: s.guard.timeouts.Load() + s.replayGuard.timeouts.Load(),
-		BatchesLost: s.c.batchesLost.Load(), ApplyErrors: s.c.applyErrs.Load(), EventsApplied: s.c.applied.Load(),
+		ConnsRefused: s.guard.turnedAway.Load(),
+		BatchesLost:  s.c.batchesLost.Load(), ApplyErrors: s.c.applyErrs.Load(), EventsApplied: s.c.applied.Load(),
 	}
 	for _, e := range s.eps {
 		c := e.conv.Stats()
