@@ -1,0 +1,104 @@
+// Command kvradix runs kvradix as a service: `kvradix serve` is the KV
+// index over HTTP (package serve), fed by vLLM engines' ZeroMQ events.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvradix/kvradix/serve"
+)
+
+func main() {
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
+	if err := run(os.Args[1:], os.Stdout, os.Stderr, stop); err != nil {
+		fmt.Fprintln(os.Stderr, "kvradix:", err)
+		os.Exit(2)
+	}
+}
+
+// run is the whole program: a function of its arguments and writers; stop
+// delivers SIGINT and SIGTERM, which shut the service down gracefully.
+func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
+	if len(args) == 0 || args[0] != "serve" {
+		fmt.Fprintln(stderr, "usage: kvradix serve [flags]   (kvradix serve -h lists them)")
+		return errors.New("want a command: serve")
+	}
+	fs := flag.NewFlagSet("kvradix serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "127.0.0.1:8090", "address to serve HTTP on (loopback by default)")
+	workers := fs.String("workers", "", "engines to register at start: id=tcp://host:port,... (with -model-name and -block-size)")
+	model := fs.String("model-name", "", "model of the -workers engines")
+	blockSize := fs.Int("block-size", 16, "tokens per KV block of the -workers engines")
+	lanes := fs.Int("lanes", 2, "lanes of each model's index")
+	maxBody := fs.Int64("max-body", 8<<20, "the largest request body, in bytes")
+	token := fs.String("token", "", "bearer token /register and /unregister require (none: open)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	regs, err := parseWorkers(*workers, *model, *blockSize)
+	if err != nil {
+		return fmt.Errorf("-workers: %w", err)
+	}
+	svc := serve.New(serve.Config{Lanes: *lanes, MaxBodyBytes: *maxBody, Token: *token})
+	defer svc.Close()
+	for _, r := range regs {
+		if err := svc.Register(r); err != nil {
+			return fmt.Errorf("-workers: instance %d: %w", r.InstanceID, err)
+		}
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("-listen: %w", err)
+	}
+	srv := &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	fmt.Fprintf(stdout, "kvradix: serving on http://%s\n", ln.Addr())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return err
+	case <-stop:
+	}
+	// Graceful: requests in flight finish (10 s at most), then the
+	// subscribers and indexes close.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = srv.Shutdown(ctx)
+	<-served
+	fmt.Fprintln(stdout, "kvradix: stopped")
+	return err
+}
+
+// parseWorkers reads id=endpoint,... into registrations.
+func parseWorkers(s, model string, blockSize int) ([]serve.Registration, error) {
+	if s == "" {
+		return nil, nil
+	}
+	if model == "" {
+		return nil, errors.New("needs -model-name")
+	}
+	var out []serve.Registration
+	for _, f := range strings.Split(s, ",") {
+		id, ep, ok := strings.Cut(strings.TrimSpace(f), "=")
+		n, err := strconv.ParseUint(id, 10, 64)
+		if !ok || err != nil || ep == "" {
+			return nil, fmt.Errorf("%q is not id=endpoint", f)
+		}
+		out = append(out, serve.Registration{InstanceID: n, Endpoint: ep, ModelName: model, BlockSize: blockSize})
+	}
+	return out, nil
+}

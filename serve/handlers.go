@@ -1,0 +1,265 @@
+package serve
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix"
+)
+
+// Handler returns the service's HTTP API (see the package doc).
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /register", s.guarded(s.register))
+	mux.HandleFunc("POST /unregister", s.guarded(s.unregister))
+	mux.HandleFunc("GET /workers", func(w http.ResponseWriter, _ *http.Request) { reply(w, http.StatusOK, s.Workers()) })
+	mux.HandleFunc("POST /query", s.query)
+	mux.HandleFunc("POST /query_by_hash", s.queryByHash)
+	mux.HandleFunc("GET /dump", s.dump)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		reply(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	return mux
+}
+
+// guarded requires Config.Token, if set, of a mutating endpoint's caller.
+func (s *Service) guarded(h http.HandlerFunc) http.HandlerFunc {
+	if s.cfg.Token == "" {
+		return h
+	}
+	want := "Bearer " + s.cfg.Token
+	return func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte(want)) != 1 {
+			fail(w, http.StatusUnauthorized, errors.New("authorization: a bearer token is required"))
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Service) register(w http.ResponseWriter, r *http.Request) {
+	var reg Registration
+	if !s.decode(w, r, &reg) {
+		return
+	}
+	switch {
+	case reg.ModelName == "":
+		fail(w, http.StatusBadRequest, errors.New("model_name: missing"))
+	case reg.BlockSize <= 0:
+		fail(w, http.StatusBadRequest, fmt.Errorf("block_size: %d, want > 0", reg.BlockSize))
+	case reg.DPRank < 0:
+		fail(w, http.StatusBadRequest, fmt.Errorf("dp_rank: %d, want >= 0", reg.DPRank))
+	case !validEndpoint(reg.Endpoint):
+		fail(w, http.StatusBadRequest, fmt.Errorf("endpoint: %q, want tcp://host:port or ipc://path", reg.Endpoint))
+	case reg.ReplayEndpoint != "" && !validEndpoint(reg.ReplayEndpoint):
+		fail(w, http.StatusBadRequest, fmt.Errorf("replay_endpoint: %q, want tcp://host:port or ipc://path", reg.ReplayEndpoint))
+	default:
+		if err := s.Register(reg); err != nil {
+			fail(w, status(err), err)
+			return
+		}
+		reply(w, http.StatusOK, map[string]string{"status": "registered"})
+	}
+}
+
+// validEndpoint accepts the ZeroMQ transports an engine publishes on.
+func validEndpoint(ep string) bool {
+	rest, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		rest, ok = strings.CutPrefix(ep, "ipc://")
+	}
+	return ok && rest != ""
+}
+
+func (s *Service) unregister(w http.ResponseWriter, r *http.Request) {
+	var u Unregistration
+	if !s.decode(w, r, &u) {
+		return
+	}
+	if u.ModelName == "" {
+		fail(w, http.StatusBadRequest, errors.New("model_name: missing"))
+		return
+	}
+	if err := s.Unregister(u); err != nil {
+		fail(w, status(err), err)
+		return
+	}
+	reply(w, http.StatusOK, map[string]string{"status": "unregistered"})
+}
+
+// Query is a POST /query body.
+type Query struct {
+	TokenIDs  []uint32 `json:"token_ids"`
+	ModelName string   `json:"model_name"`
+	TenantID  string   `json:"tenant_id,omitempty"`
+	LoRAName  string   `json:"lora_name,omitempty"`
+}
+
+// HashQuery is a POST /query_by_hash body: local (tokens) block hashes.
+type HashQuery struct {
+	BlockHashes []uint64 `json:"block_hashes"`
+	ModelName   string   `json:"model_name"`
+	TenantID    string   `json:"tenant_id,omitempty"`
+}
+
+// Scores is a query's answer.
+type Scores struct {
+	Scores      map[string]map[string]uint64 `json:"scores"` // instance -> rank -> matched tokens
+	Frequencies []int                        `json:"frequencies"`
+	TreeSizes   map[string]map[string]int    `json:"tree_sizes"` // instance -> rank -> blocks held
+}
+
+func (s *Service) query(w http.ResponseWriter, r *http.Request) {
+	var q Query
+	if !s.decode(w, r, &q) {
+		return
+	}
+	if len(q.TokenIDs) > s.cfg.MaxTokens {
+		fail(w, http.StatusBadRequest, fmt.Errorf("token_ids: %d, at most %d", len(q.TokenIDs), s.cfg.MaxTokens))
+		return
+	}
+	idx, err := s.lookup(q.ModelName, q.TenantID)
+	if err != nil {
+		fail(w, status(err), err)
+		return
+	}
+	res, err := idx.pool.FindMatchesForRequest(q.TokenIDs, q.LoRAName)
+	if err != nil {
+		fail(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	reply(w, http.StatusOK, scores(res, idx.blockSize))
+}
+
+func (s *Service) queryByHash(w http.ResponseWriter, r *http.Request) {
+	var q HashQuery
+	if !s.decode(w, r, &q) {
+		return
+	}
+	if len(q.BlockHashes) > s.cfg.MaxTokens {
+		fail(w, http.StatusBadRequest, fmt.Errorf("block_hashes: %d, at most %d", len(q.BlockHashes), s.cfg.MaxTokens))
+		return
+	}
+	idx, err := s.lookup(q.ModelName, q.TenantID)
+	if err != nil {
+		fail(w, status(err), err)
+		return
+	}
+	res, err := idx.pool.FindMatches(q.BlockHashes)
+	if err != nil {
+		fail(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	reply(w, http.StatusOK, scores(res, idx.blockSize))
+}
+
+// scores turns an index's overlap (in blocks) into the API's answer (in
+// tokens), with frequencies[i] the workers holding the request's block i.
+func scores(res radix.OverlapScores, blockSize int) Scores {
+	out := Scores{Scores: map[string]map[string]uint64{}, TreeSizes: map[string]map[string]int{}, Frequencies: []int{}}
+	for wk, n := range res.Scores {
+		id, rank := fmt.Sprint(uint64(wk.ID)), fmt.Sprint(wk.DPRank)
+		if out.Scores[id] == nil {
+			out.Scores[id], out.TreeSizes[id] = map[string]uint64{}, map[string]int{}
+		}
+		out.Scores[id][rank] = uint64(n) * uint64(blockSize)
+		out.TreeSizes[id][rank] = res.TreeSizes[wk]
+		for len(out.Frequencies) < int(n) {
+			out.Frequencies = append(out.Frequencies, 0)
+		}
+		for i := range n {
+			out.Frequencies[i]++
+		}
+	}
+	return out
+}
+
+func (s *Service) dump(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	idxs := make(map[modelKey]*index, len(s.indexes))
+	for k, v := range s.indexes {
+		idxs[k] = v
+	}
+	s.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	buf := []byte{'{'}
+	first := true
+	for k, idx := range idxs {
+		if _, err := idx.pool.Flush(); err != nil {
+			continue // closed meanwhile
+		}
+		if !first {
+			buf = append(buf, ',')
+		}
+		first = false
+		name, _ := json.Marshal(k.model + ":" + k.tenant)
+		buf = append(append(buf, name...), ':', '[')
+		n := 0
+		radix.DumpEach(idx.pool.Index(), func(ev kvevent.RouterEvent) {
+			if n > 0 {
+				buf = append(buf, ',')
+			}
+			n++
+			buf = ev.AppendJSON(buf)
+		})
+		buf = append(buf, ']')
+	}
+	buf = append(buf, '}', '\n')
+	_, _ = w.Write(buf)
+}
+
+// decode reads a JSON body of at most MaxBodyBytes into v, answering 400
+// (naming the field, where the decoder says which) if it cannot.
+func (s *Service) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	err := dec.Decode(v)
+	if err == nil && dec.More() {
+		err = errors.New("more than one JSON value")
+	}
+	if err == nil {
+		return true
+	}
+	var tooBig *http.MaxBytesError
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &tooBig):
+		err = fmt.Errorf("body: larger than %d bytes", tooBig.Limit)
+	case errors.As(err, &typeErr):
+		err = fmt.Errorf("%s: want %v, got JSON %s", typeErr.Field, typeErr.Type, typeErr.Value)
+	case errors.Is(err, io.EOF):
+		err = errors.New("body: empty")
+	default:
+		err = fmt.Errorf("body: %w", err)
+	}
+	fail(w, http.StatusBadRequest, err)
+	return false
+}
+
+func status(err error) int {
+	switch {
+	case errors.Is(err, ErrUnknownModel):
+		return http.StatusNotFound
+	case errors.Is(err, ErrConflict):
+		return http.StatusConflict
+	case errors.Is(err, ErrUnreachable):
+		return http.StatusBadGateway
+	}
+	return http.StatusInternalServerError
+}
+
+func reply(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func fail(w http.ResponseWriter, code int, err error) {
+	reply(w, code, map[string]string{"error": err.Error()})
+}

@@ -1,0 +1,250 @@
+// Package serve is kvradix's index as an HTTP service, on the API of
+// Dynamo's standalone KV indexer (Mooncake's KV Indexer RFC conventions):
+// engines are registered with their ZeroMQ KV event endpoints, and routers
+// in any language ask which instance holds how much of a prompt.
+//
+// One index (a shardpool.Pool over a CompressedTree) is kept per (model,
+// tenant); its first registration sets its block size. Each registered
+// (instance, data-parallel rank) has a vllm.Subscriber of its own, with its
+// gap repair and its guards against hostile peers.
+//
+//	POST /register        {instance_id, endpoint, model_name, block_size, tenant_id?, dp_rank?, replay_endpoint?}
+//	POST /unregister      {instance_id, model_name, tenant_id?, dp_rank?}
+//	GET  /workers         [{instance_id, endpoints: {"<rank>": endpoint}}]
+//	POST /query           {token_ids, model_name, tenant_id?, lora_name?}
+//	POST /query_by_hash   {block_hashes, model_name, tenant_id?}
+//	GET  /dump            {"<model>:<tenant>": [RouterEvent, ...]}
+//	GET  /health
+//
+// Queries answer {"scores": {"<instance>": {"<rank>": matched tokens}},
+// "frequencies": [workers holding block i, ...], "tree_sizes": {"<instance>":
+// {"<rank>": blocks}}}. Errors are {"error": "..."}: 400 for a malformed
+// request (naming the field), 404 for an unknown model, 409 for a block
+// size other than the model's or an instance registered twice, 502 for an
+// endpoint that cannot be subscribed to.
+//
+// All methods are safe for concurrent use.
+package serve
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/kvradix/kvradix/ingest/vllm"
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/shardpool"
+)
+
+// Config configures a Service.
+type Config struct {
+	Lanes        int   // lanes of each model's index (2)
+	MaxBodyBytes int64 // the largest request body (8 MiB)
+	MaxTokens    int   // the most token ids or block hashes a query may carry (1M)
+	// Token, if set, is the bearer token /register and /unregister require
+	// (Authorization: Bearer <token>); queries stay open.
+	Token string
+	// Subscriber configures every engine's subscriber (its BlockSize is the
+	// model's).
+	Subscriber vllm.SubscriberConfig
+}
+
+func (c *Config) defaults() {
+	if c.Lanes <= 0 {
+		c.Lanes = 2
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = 8 << 20
+	}
+	if c.MaxTokens <= 0 {
+		c.MaxTokens = 1 << 20
+	}
+}
+
+// DefaultTenant is the tenant of requests that name none.
+const DefaultTenant = "default"
+
+// Errors the API maps to statuses.
+var (
+	ErrUnknownModel = errors.New("unknown model")
+	ErrConflict     = errors.New("conflict")
+	ErrUnreachable  = errors.New("endpoint cannot be subscribed to")
+)
+
+// modelKey names one index.
+type modelKey struct{ model, tenant string }
+
+// instanceKey names one registered engine.
+type instanceKey struct {
+	modelKey
+	instance kvevent.WorkerID
+	rank     int
+}
+
+type index struct {
+	pool      *shardpool.Pool
+	blockSize int
+}
+
+type instance struct {
+	endpoint string
+	sub      *vllm.Subscriber
+}
+
+// Service is the index service: the registry of engines and their
+// indexes. Serve its Handler.
+type Service struct {
+	cfg Config
+
+	mu        sync.Mutex
+	indexes   map[modelKey]*index
+	instances map[instanceKey]*instance
+	closed    bool
+}
+
+// New returns an empty service.
+func New(cfg Config) *Service {
+	cfg.defaults()
+	return &Service{cfg: cfg, indexes: map[modelKey]*index{}, instances: map[instanceKey]*instance{}}
+}
+
+// Registration is a POST /register body.
+type Registration struct {
+	InstanceID     uint64 `json:"instance_id"`
+	Endpoint       string `json:"endpoint"`
+	ModelName      string `json:"model_name"`
+	BlockSize      int    `json:"block_size"`
+	TenantID       string `json:"tenant_id,omitempty"`
+	DPRank         int    `json:"dp_rank,omitempty"`
+	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
+}
+
+// Register subscribes to an engine's KV events into its model's index.
+func (s *Service) Register(r Registration) error {
+	if r.TenantID == "" {
+		r.TenantID = DefaultTenant
+	}
+	key := instanceKey{modelKey{r.ModelName, r.TenantID}, kvevent.WorkerID(r.InstanceID), r.DPRank}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("service closed")
+	}
+	if _, ok := s.instances[key]; ok {
+		return fmt.Errorf("%w: instance %d rank %d of %s:%s is registered already", ErrConflict, r.InstanceID, r.DPRank, r.ModelName, r.TenantID)
+	}
+	idx := s.indexes[key.modelKey]
+	if idx != nil && idx.blockSize != r.BlockSize {
+		return fmt.Errorf("%w: block_size %d, model %s:%s has %d", ErrConflict, r.BlockSize, r.ModelName, r.TenantID, idx.blockSize)
+	}
+	created := idx == nil
+	if created {
+		idx = &index{pool: shardpool.NewPool(s.cfg.Lanes, r.BlockSize), blockSize: r.BlockSize}
+	}
+	cfg := s.cfg.Subscriber
+	cfg.BlockSize = r.BlockSize
+	sub, err := vllm.NewSubscriber(idx.pool, cfg, vllm.Endpoint{Worker: key.instance, Address: r.Endpoint, Replay: r.ReplayEndpoint})
+	if err != nil {
+		if created {
+			idx.pool.Close()
+		}
+		return fmt.Errorf("%w: %v", ErrUnreachable, err)
+	}
+	s.indexes[key.modelKey] = idx
+	s.instances[key] = &instance{endpoint: r.Endpoint, sub: sub}
+	return nil
+}
+
+// Unregistration is a POST /unregister body: no tenant means every
+// tenant of the model, no rank every rank.
+type Unregistration struct {
+	InstanceID uint64 `json:"instance_id"`
+	ModelName  string `json:"model_name"`
+	TenantID   string `json:"tenant_id,omitempty"`
+	DPRank     *int   `json:"dp_rank,omitempty"`
+}
+
+// Unregister stops following the instance and drops its blocks.
+func (s *Service) Unregister(u Unregistration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for key, inst := range s.instances {
+		if key.model != u.ModelName || key.instance != kvevent.WorkerID(u.InstanceID) ||
+			(u.TenantID != "" && key.tenant != u.TenantID) || (u.DPRank != nil && key.rank != *u.DPRank) {
+			continue
+		}
+		_ = inst.sub.Close()
+		delete(s.instances, key)
+		// The rank's blocks leave: a Cleared event of that rank, after
+		// whatever its subscriber queued.
+		idx := s.indexes[key.modelKey]
+		if err := idx.pool.ApplyEvent(kvevent.RouterEvent{WorkerID: key.instance, Event: kvevent.Event{DPRank: kvevent.DPRank(key.rank), Data: kvevent.Cleared{}}}); err != nil {
+			return err
+		}
+		n++
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: no instance %d of model %q", ErrUnknownModel, u.InstanceID, u.ModelName)
+	}
+	return nil
+}
+
+// Worker is one instance in GET /workers.
+type Worker struct {
+	InstanceID uint64            `json:"instance_id"`
+	Endpoints  map[string]string `json:"endpoints"` // by data-parallel rank
+}
+
+// Workers lists the registered instances, by id.
+func (s *Service) Workers() []Worker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	byID := map[uint64]map[string]string{}
+	for key, inst := range s.instances {
+		id := uint64(key.instance)
+		if byID[id] == nil {
+			byID[id] = map[string]string{}
+		}
+		byID[id][fmt.Sprint(key.rank)] = inst.endpoint
+	}
+	out := make([]Worker, 0, len(byID))
+	for id, eps := range byID {
+		out = append(out, Worker{InstanceID: id, Endpoints: eps})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].InstanceID < out[j].InstanceID })
+	return out
+}
+
+// lookup returns the index of a model and tenant.
+func (s *Service) lookup(model, tenant string) (*index, error) {
+	if tenant == "" {
+		tenant = DefaultTenant
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	idx := s.indexes[modelKey{model, tenant}]
+	if idx == nil {
+		return nil, fmt.Errorf("%w: %q (tenant %q)", ErrUnknownModel, model, tenant)
+	}
+	return idx, nil
+}
+
+// Close stops every subscriber and index.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	var err error
+	for _, inst := range s.instances {
+		err = errors.Join(err, inst.sub.Close())
+	}
+	for _, idx := range s.indexes {
+		err = errors.Join(err, idx.pool.Close())
+	}
+	return err
+}

@@ -1,0 +1,184 @@
+package serve_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvradix/kvradix/hashing"
+	"github.com/kvradix/kvradix/ingest/vllm"
+	"github.com/kvradix/kvradix/serve"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+}
+
+const bs = 16
+
+// post sends v as JSON and decodes the answer into out (if not nil).
+func post(t *testing.T, url string, v any, out any) int {
+	t.Helper()
+	body, ok := v.([]byte)
+	if !ok {
+		var err error
+		if body, err = json.Marshal(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := http.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s: %v: %s", url, err, b)
+		}
+	}
+	return resp.StatusCode
+}
+
+func get(t *testing.T, url string, out any) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode
+}
+
+func tokens(n int, start uint32) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = start + uint32(i)
+	}
+	return out
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// An engine (the project's vLLM-compatible publisher) is registered over
+// HTTP; its events reach the model's index; queries by tokens and by hash
+// score it in tokens; /workers and /dump show it; 1,000 concurrent clients
+// query at once; unregistering drops its blocks. Every bad request gets
+// its status, naming the field.
+func TestServiceEndToEnd(t *testing.T) {
+	svc := serve.New(serve.Config{})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	reg := serve.Registration{InstanceID: 7, Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr(), ModelName: "m", BlockSize: bs}
+	if code := post(t, ts.URL+"/register", reg, nil); code != http.StatusOK {
+		t.Fatalf("register: %d", code)
+	}
+
+	prompt := tokens(3*bs+5, 100) // three complete blocks
+	stored := vllm.Event{Type: vllm.BlockStored, BlockHashes: []uint64{11, 12, 13}, TokenIDs: prompt[:3*bs], BlockSize: bs, Medium: "GPU"}
+	var got serve.Scores
+	waitFor(t, "the engine's blocks to be indexed", func() bool {
+		if _, err := pub.Publish([]vllm.Event{stored}); err != nil {
+			t.Fatal(err)
+		}
+		got = serve.Scores{}
+		post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: "m"}, &got)
+		return got.Scores["7"]["0"] == 3*bs
+	})
+	if len(got.Frequencies) != 3 || got.Frequencies[2] != 1 || got.TreeSizes["7"]["0"] != 3 {
+		t.Fatalf("query: %+v", got)
+	}
+	local := hashing.LocalHashes(nil, prompt, bs, hashing.Options{})
+	var byHash serve.Scores
+	if code := post(t, ts.URL+"/query_by_hash", serve.HashQuery{BlockHashes: local[:2], ModelName: "m", TenantID: "default"}, &byHash); code != http.StatusOK || byHash.Scores["7"]["0"] != 2*bs {
+		t.Fatalf("query_by_hash: %d %+v", code, byHash)
+	}
+	var workers []serve.Worker
+	if get(t, ts.URL+"/workers", &workers); len(workers) != 1 || workers[0].InstanceID != 7 || workers[0].Endpoints["0"] != pub.Addr() {
+		t.Fatalf("workers: %+v", workers)
+	}
+	var dump map[string][]json.RawMessage
+	if get(t, ts.URL+"/dump", &dump); len(dump["m:default"]) != 3 || !strings.Contains(string(dump["m:default"][0]), `"worker_id":7`) {
+		t.Fatalf("dump: %v", dump)
+	}
+
+	var wg sync.WaitGroup
+	var failed sync.Once
+	for range 1000 {
+		wg.Go(func() {
+			b, _ := json.Marshal(serve.Query{TokenIDs: prompt, ModelName: "m"})
+			resp, err := http.Post(ts.URL+"/query", "application/json", bytes.NewReader(b))
+			if err != nil {
+				failed.Do(func() { t.Error(err) })
+				return
+			}
+			var s serve.Scores
+			err = json.NewDecoder(resp.Body).Decode(&s)
+			resp.Body.Close()
+			if err != nil || s.Scores["7"]["0"] != 3*bs {
+				failed.Do(func() { t.Errorf("a concurrent query: %+v (%v)", s, err) })
+			}
+		})
+	}
+	wg.Wait()
+
+	for _, tc := range []struct {
+		name, path string
+		body       any
+		code       int
+		says       string
+	}{
+		{"another block size", "/register", serve.Registration{InstanceID: 8, Endpoint: pub.Addr(), ModelName: "m", BlockSize: 32}, http.StatusConflict, "block_size"},
+		{"twice", "/register", reg, http.StatusConflict, "registered already"},
+		{"a udp endpoint", "/register", serve.Registration{InstanceID: 9, Endpoint: "udp://x:1", ModelName: "m", BlockSize: bs}, http.StatusBadRequest, "endpoint"},
+		{"no model", "/register", serve.Registration{InstanceID: 9, Endpoint: pub.Addr(), BlockSize: bs}, http.StatusBadRequest, "model_name"},
+		{"a string id", "/register", []byte(`{"instance_id": "seven", "endpoint": "tcp://x:1", "model_name": "m", "block_size": 16}`), http.StatusBadRequest, "instance_id"},
+		{"not JSON", "/query", []byte(`{"token_ids": [1, 2`), http.StatusBadRequest, "body"},
+		{"a token over u32", "/query", []byte(`{"token_ids": [4294967296], "model_name": "m"}`), http.StatusBadRequest, "token_ids"},
+		{"too big", "/query", append(append([]byte(`{"model_name": "m", "token_ids": [`), bytes.Repeat([]byte("1,"), 5<<20)...), []byte("1]}")...), http.StatusBadRequest, "larger than"},
+		{"an unknown model", "/query", serve.Query{TokenIDs: prompt, ModelName: "other"}, http.StatusNotFound, "unknown model"},
+		{"an unknown tenant", "/query_by_hash", serve.HashQuery{BlockHashes: local, ModelName: "m", TenantID: "t2"}, http.StatusNotFound, "unknown model"},
+		{"an unknown instance", "/unregister", serve.Unregistration{InstanceID: 99, ModelName: "m"}, http.StatusNotFound, "no instance"},
+	} {
+		var e map[string]string
+		if code := post(t, ts.URL+tc.path, tc.body, &e); code != tc.code || !strings.Contains(e["error"], tc.says) {
+			t.Errorf("%s: %d %q, want %d saying %q", tc.name, code, e["error"], tc.code, tc.says)
+		}
+	}
+
+	if code := post(t, ts.URL+"/unregister", serve.Unregistration{InstanceID: 7, ModelName: "m"}, nil); code != http.StatusOK {
+		t.Fatalf("unregister: %d", code)
+	}
+	waitFor(t, "the instance's blocks to leave", func() bool {
+		var after serve.Scores
+		post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: "m"}, &after)
+		return len(after.Scores) == 0
+	})
+	if get(t, ts.URL+"/workers", &workers); len(workers) != 0 {
+		t.Fatalf("workers after unregister: %+v", workers)
+	}
+}
