@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -86,6 +87,21 @@ func TestServeBadFlags(t *testing.T) {
 	} {
 		if err := run(args, io.Discard, io.Discard, nil); err == nil {
 			t.Errorf("%v: accepted", args)
+		}
+	}
+}
+
+// No command links package testing (nor test helpers): the reference the
+// load generator and the service check indexes against lives in
+// radix/holdings, not in radixtest.
+func TestNoBinaryLinksTesting(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/kvradix/kvradix/cmd/...").Output()
+	if err != nil {
+		t.Skipf("go list: %v", err) // no go tool where the test runs
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		if pkg == "testing" || strings.HasSuffix(pkg, "/radixtest") || strings.Contains(pkg, "goleak") {
+			t.Errorf("a command links %s", pkg)
 		}
 	}
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/kvradix/kvradix/cluster"
 	"github.com/kvradix/kvradix/internal/stats"
 	"github.com/kvradix/kvradix/kvevent"
-	"github.com/kvradix/kvradix/radix/radixtest"
+	"github.com/kvradix/kvradix/radix/holdings"
 	"github.com/kvradix/kvradix/replay"
 	"github.com/kvradix/kvradix/router"
 	"github.com/kvradix/kvradix/shardpool"
@@ -173,7 +173,7 @@ type clusterPolicy struct {
 	bus      *cluster.Bus
 	replicas []*clusterReplica
 	owner    map[uuid.UUID]*clusterReplica
-	ref      radixtest.Holdings // every event published
+	ref      holdings.Set // every event published
 	dp       int
 	failed   error
 	// -faults: the request before which a replica is killed and restarted
@@ -206,7 +206,7 @@ func (c *clusterConfig) run(ctx context.Context, url string, reqs []trace.Reques
 		return clusterResult{}, 0, 0, err
 	}
 	defer bus.Close()
-	p := &clusterPolicy{ctx: ctx, bus: bus, owner: map[uuid.UUID]*clusterReplica{}, ref: radixtest.Holdings{}, dp: c.sim.DPSize,
+	p := &clusterPolicy{ctx: ctx, bus: bus, owner: map[uuid.UUID]*clusterReplica{}, ref: holdings.Set{}, dp: c.sim.DPSize,
 		url: url, stream: "KV_" + suffix, bucket: "SNAP_" + suffix, loadSubject: "kv.load." + suffix}
 	done, cancelled := context.WithCancel(context.Background())
 	cancelled() // a decision that would queue returns at once

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvradix/kvradix/cluster"
-	"github.com/kvradix/kvradix/radix/radixtest"
+	"github.com/kvradix/kvradix/radix/holdings"
 )
 
 // inject makes -faults' faults before request i: a hostile client;
@@ -93,7 +93,7 @@ func (p *clusterPolicy) loseStream() error {
 		p.replicas[k] = fresh
 		p.dead = append(p.dead, r)
 	}
-	p.ref = radixtest.Holdings{}
+	p.ref = holdings.Set{}
 	return nil
 }
 

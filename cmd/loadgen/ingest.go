@@ -17,7 +17,7 @@ import (
 
 	"github.com/kvradix/kvradix/ingest/vllm"
 	"github.com/kvradix/kvradix/kvevent"
-	"github.com/kvradix/kvradix/radix/radixtest"
+	"github.com/kvradix/kvradix/radix/holdings"
 	"github.com/kvradix/kvradix/shardpool"
 )
 
@@ -470,10 +470,10 @@ func (r *ingestRun) caughtUp(i int, seq uint64) {
 }
 
 // directHoldings is what an index built directly from every event the
-// engines produced, restarts included, would hold (radixtest.Holdings
+// engines produced, restarts included, would hold (holdings.Set
 // applies the events itself: no index, no dump).
-func (c *ingestConfig) directHoldings(engs []*ingestEngine) radixtest.Holdings {
-	want := radixtest.Holdings{}
+func (c *ingestConfig) directHoldings(engs []*ingestEngine) holdings.Set {
+	want := holdings.Set{}
 	for i, e := range engs {
 		conv := vllm.NewConverter(kvevent.WorkerID(i), c.blockSize)
 		e.batches(c, func(_ int, restarted bool, evs []vllm.Event) bool {
