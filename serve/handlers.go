@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
@@ -22,6 +23,7 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("POST /query", s.query)
 	mux.HandleFunc("POST /query_by_hash", s.queryByHash)
 	mux.HandleFunc("GET /dump", s.dump)
+	mux.Handle("GET /metrics", s.metrics.handler())
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		reply(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -66,6 +68,14 @@ func (s *Service) register(w http.ResponseWriter, r *http.Request) {
 		}
 		reply(w, http.StatusOK, map[string]string{"status": "registered"})
 	}
+}
+
+// tenantOr names the default tenant for "".
+func tenantOr(t string) string {
+	if t == "" {
+		return DefaultTenant
+	}
+	return t
 }
 
 // validEndpoint accepts the ZeroMQ transports an engine publishes on.
@@ -129,12 +139,15 @@ func (s *Service) query(w http.ResponseWriter, r *http.Request) {
 		fail(w, status(err), err)
 		return
 	}
+	start := time.Now()
 	res, err := idx.pool.FindMatchesForRequest(q.TokenIDs, q.LoRAName)
 	if err != nil {
 		fail(w, http.StatusServiceUnavailable, err)
 		return
 	}
-	reply(w, http.StatusOK, scores(res, idx.blockSize))
+	out := scores(res, idx.blockSize)
+	s.metrics.observeQuery("query", q.ModelName+":"+tenantOr(q.TenantID), start, len(q.TokenIDs)/idx.blockSize, out, idx.blockSize)
+	reply(w, http.StatusOK, out)
 }
 
 func (s *Service) queryByHash(w http.ResponseWriter, r *http.Request) {
@@ -151,12 +164,15 @@ func (s *Service) queryByHash(w http.ResponseWriter, r *http.Request) {
 		fail(w, status(err), err)
 		return
 	}
+	start := time.Now()
 	res, err := idx.pool.FindMatches(q.BlockHashes)
 	if err != nil {
 		fail(w, http.StatusServiceUnavailable, err)
 		return
 	}
-	reply(w, http.StatusOK, scores(res, idx.blockSize))
+	out := scores(res, idx.blockSize)
+	s.metrics.observeQuery("query_by_hash", q.ModelName+":"+tenantOr(q.TenantID), start, len(q.BlockHashes), out, idx.blockSize)
+	reply(w, http.StatusOK, out)
 }
 
 // scores turns an index's overlap (in blocks) into the API's answer (in

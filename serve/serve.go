@@ -15,6 +15,7 @@
 //	POST /query_by_hash   {block_hashes, model_name, tenant_id?}
 //	GET  /dump            {"<model>:<tenant>": [RouterEvent, ...]}
 //	GET  /health
+//	GET  /metrics         Prometheus: events, gaps and losses per engine, query latency, hit rate
 //
 // Queries answer {"scores": {"<instance>": {"<rank>": matched tokens}},
 // "frequencies": [workers holding block i, ...], "tree_sizes": {"<instance>":
@@ -95,7 +96,8 @@ type instance struct {
 // Service is the index service: the registry of engines and their
 // indexes. Serve its Handler.
 type Service struct {
-	cfg Config
+	cfg     Config
+	metrics *metrics
 
 	mu        sync.Mutex
 	indexes   map[modelKey]*index
@@ -106,7 +108,9 @@ type Service struct {
 // New returns an empty service.
 func New(cfg Config) *Service {
 	cfg.defaults()
-	return &Service{cfg: cfg, indexes: map[modelKey]*index{}, instances: map[instanceKey]*instance{}}
+	s := &Service{cfg: cfg, indexes: map[modelKey]*index{}, instances: map[instanceKey]*instance{}}
+	s.metrics = newMetrics(s)
+	return s
 }
 
 // Registration is a POST /register body.

@@ -126,6 +126,23 @@ func TestServiceEndToEnd(t *testing.T) {
 		t.Fatalf("dump: %v", dump)
 	}
 
+	resp, err := http.Get(ts.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`kvradix_events_applied_total{model="m:default"}`, `kvradix_index_pairs{model="m:default"} 3`,
+		`kvradix_query_duration_seconds_count{endpoint="query"}`, `kvradix_subscriber_last_sequence{dp_rank="0",instance="7"}`,
+		`kvradix_query_blocks_matched_total{model="m:default"}`, `kvradix_query_best_instance_total{instance="7",model="m:default"}`} {
+		if !strings.Contains(string(text), want) {
+			t.Errorf("/metrics has no %s", want)
+		}
+	}
+	if problems, err := serve.LintMetrics(svc); err != nil || len(problems) > 0 {
+		t.Errorf("metric lint: %v %v", problems, err)
+	}
+
 	var wg sync.WaitGroup
 	var failed sync.Once
 	for range 1000 {

@@ -1,0 +1,124 @@
+package serve
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics is the service's Prometheus metrics. Counters kept by the
+// indexes and subscribers are read when scraped (Collect), so the hot
+// paths pay nothing for them; the query latencies and block counts are
+// observed as queries are answered.
+type metrics struct {
+	registry  *prometheus.Registry
+	queryTime *prometheus.HistogramVec // by endpoint
+	requested *prometheus.CounterVec   // blocks asked for, by model
+	matched   *prometheus.CounterVec   // of those, held by the best instance
+	decisions *prometheus.CounterVec   // queries whose best instance this is
+	s         *Service
+}
+
+var (
+	descApplied   = prometheus.NewDesc("kvradix_events_applied_total", "KV events applied to a model's index.", []string{"model"}, nil)
+	descRejected  = prometheus.NewDesc("kvradix_events_rejected_total", "KV events a model's index refused, by reason.", []string{"model", "reason"}, nil)
+	descIgnored   = prometheus.NewDesc("kvradix_events_ignored_tier_total", "KV events of another tier than the device, not indexed.", []string{"model"}, nil)
+	descPairs     = prometheus.NewDesc("kvradix_index_pairs", "(instance, block) pairs a model's index holds.", []string{"model"}, nil)
+	descBytes     = prometheus.NewDesc("kvradix_index_estimated_bytes", "A model's index's memory, estimated at 28 bytes a pair (the measured figure on the trace).", []string{"model"}, nil)
+	descDepth     = prometheus.NewDesc("kvradix_index_queue_depth", "KV events queued in a model's index lanes.", []string{"model"}, nil)
+	descGaps      = prometheus.NewDesc("kvradix_subscriber_gaps_total", "Sequence gaps found in an engine's stream, by outcome.", []string{"instance", "dp_rank", "outcome"}, nil)
+	descReplayed  = prometheus.NewDesc("kvradix_subscriber_replayed_batches_total", "Batches recovered from an engine's replay socket.", []string{"instance", "dp_rank"}, nil)
+	descRestarts  = prometheus.NewDesc("kvradix_subscriber_resyncs_total", "Engine restarts resynced (its blocks cleared).", []string{"instance", "dp_rank"}, nil)
+	descLost      = prometheus.NewDesc("kvradix_subscriber_lost_batches_total", "Batches lost: not repairable, or undecodable.", []string{"instance", "dp_rank"}, nil)
+	descReceived  = prometheus.NewDesc("kvradix_subscriber_last_sequence", "The last sequence number received from an engine.", []string{"instance", "dp_rank"}, nil)
+	descDisconnct = prometheus.NewDesc("kvradix_subscriber_disconnects_total", "Receive errors on an engine's connection (it reconnects).", []string{"instance", "dp_rank"}, nil)
+)
+
+func newMetrics(s *Service) *metrics {
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		queryTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvradix_query_duration_seconds", Help: "Time to answer a query, by endpoint.",
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2.5, 12),
+		}, []string{"endpoint"}),
+		requested: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvradix_query_blocks_requested_total", Help: "Blocks queries asked about, by model."}, []string{"model"}),
+		matched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvradix_query_blocks_matched_total",
+			Help: "Blocks the best-matching instance held, by model: over kvradix_query_blocks_requested_total, the predicted hit rate."}, []string{"model"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvradix_query_best_instance_total", Help: "Queries whose longest match was this instance's, by model."}, []string{"model", "instance"}),
+		s:         s,
+	}
+	m.registry.MustRegister(m, m.queryTime, m.requested, m.matched, m.decisions,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}
+
+// observeQuery records one answered query.
+func (m *metrics) observeQuery(endpoint, model string, start time.Time, blocks int, res Scores, blockSize int) {
+	m.queryTime.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+	m.requested.WithLabelValues(model).Add(float64(blocks))
+	best, bestID := uint64(0), ""
+	for id, ranks := range res.Scores {
+		for _, tokens := range ranks {
+			if tokens > best {
+				best, bestID = tokens, id
+			}
+		}
+	}
+	m.matched.WithLabelValues(model).Add(float64(best / uint64(blockSize)))
+	if bestID != "" {
+		m.decisions.WithLabelValues(model, bestID).Inc()
+	}
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{Registry: m.registry})
+}
+
+// Describe implements prometheus.Collector.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descApplied, descRejected, descIgnored, descPairs, descBytes, descDepth,
+		descGaps, descReplayed, descRestarts, descLost, descReceived, descDisconnct} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: the indexes' and subscribers'
+// counters, read now.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	s := m.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for k, idx := range s.indexes {
+		st, model := idx.pool.Stats(), k.model+":"+k.tenant
+		counter(descApplied, st.Applied, model)
+		counter(descIgnored, st.IgnoredTier, model)
+		for reason, n := range map[string]uint64{"parent_not_found": st.ParentNotFound, "block_not_found": st.BlockNotFound,
+			"invalid": st.Invalid, "self_parent": st.SelfParent} {
+			counter(descRejected, n, model, reason)
+		}
+		gauge(descPairs, float64(st.Pairs), model)
+		gauge(descBytes, 28*float64(st.Pairs), model)
+		gauge(descDepth, float64(st.QueueDepth), model)
+	}
+	for k, inst := range s.instances {
+		st, id, rank := inst.sub.Stats(), fmt.Sprint(uint64(k.instance)), fmt.Sprint(k.rank)
+		counter(descGaps, st.GapsRepaired, id, rank, "repaired")
+		counter(descGaps, st.GapsLost, id, rank, "lost")
+		counter(descReplayed, st.Replayed, id, rank)
+		counter(descRestarts, st.Restarts, id, rank)
+		counter(descLost, st.BatchesLost, id, rank)
+		counter(descDisconnct, st.Disconnects, id, rank)
+		if r := inst.sub.Received(); len(r) > 0 {
+			gauge(descReceived, float64(r[0]), id, rank)
+		}
+	}
+}
