@@ -2,6 +2,9 @@ package serve
 
 import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/shardpool"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 )
 
@@ -9,4 +12,19 @@ import (
 // service's registry.
 func LintMetrics(s *Service) ([]promlint.Problem, error) {
 	return testutil.GatherAndLint(s.metrics.registry)
+}
+
+// IndexForTest creates (or returns) the index of a model for the default
+// tenant, to fill directly in benchmarks.
+func IndexForTest(s *Service, model string, blockSize int) interface {
+	ApplyEvent(kvevent.RouterEvent) error
+	Flush() (int, error)
+} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := modelKey{model, DefaultTenant}
+	if s.indexes[k] == nil {
+		s.indexes[k] = &index{pool: shardpool.NewPool(s.cfg.Lanes, blockSize), blockSize: blockSize}
+	}
+	return s.indexes[k].pool
 }
