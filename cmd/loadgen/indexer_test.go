@@ -263,3 +263,20 @@ func TestClusterFaults(t *testing.T) {
 		}
 	}
 }
+
+// loadgen serve: engines register over HTTP and publish over ZeroMQ into
+// the in-process service while clients query; its /dump ends equal to the
+// events published, with no failed query.
+func TestServeCommand(t *testing.T) {
+	out, _, err := runArgs(t, "serve", "-json", "-engines", "2", "-batches", "200", "-duration", "500ms", "-rate", "200", "-clients", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res serveResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if !res.DumpEqual || res.Errors != 0 || res.Queries == 0 || res.Events != 400 {
+		t.Fatalf("%+v", res)
+	}
+}

@@ -39,6 +39,7 @@ commands:
   router    drive the full router path at an offered request rate
   ingest    vLLM engines publish over ZeroMQ into the subscriber and indexer
   cluster   router replicas over NATS JetStream: one router, N sharing load, N not
+  serve     kvradix serve (in-process, or -url) under engines publishing and HTTP clients querying
 
 Run 'loadgen <command> -h' for a command's flags.
 `
@@ -61,6 +62,8 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 		return runIngest(args[1:], stdout, stderr, stop)
 	case "cluster":
 		return runCluster(args[1:], stdout, stderr, stop)
+	case "serve":
+		return runServe(args[1:], stdout, stderr, stop)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
