@@ -259,3 +259,35 @@ func (b *Bus) Restore(ctx context.Context, idx shardpool.Indexer) (uint64, error
 	}
 	return h.seq, nil
 }
+
+// EncodeSnapshot returns idx's snapshot in this package's format (see
+// snapshotMagic), at stream sequence seq: for a store of its own, such as
+// the service's state directory.
+func EncodeSnapshot(idx radix.Index, seq uint64, blockSize int) []byte {
+	var body []byte
+	events := uint64(0)
+	radix.DumpEach(idx, func(ev kvevent.RouterEvent) {
+		body = appendSnapEvent(body, ev)
+		events++
+	})
+	return encodeSnapshot(snapHeader{seq: seq, blockSize: uint32(blockSize), events: events, pairs: uint64(idx.Size())}, body)
+}
+
+// DecodeSnapshot checks a snapshot whole (ErrCorruptSnapshot), then hands
+// its events, in order, to apply; it returns the stream sequence and the
+// block size its header records. Nothing is applied from a snapshot that
+// does not check out.
+func DecodeSnapshot(data []byte, apply func(kvevent.RouterEvent) error) (seq uint64, blockSize int, err error) {
+	h, body, err := decodeSnapshot(data)
+	if err != nil {
+		return 0, 0, err
+	}
+	for rest := body; len(rest) > 0; {
+		var ev kvevent.RouterEvent
+		ev, rest, _ = readSnapEvent(rest) // decodeSnapshot read them all
+		if err := apply(ev); err != nil {
+			return 0, 0, err
+		}
+	}
+	return h.seq, int(h.blockSize), nil
+}

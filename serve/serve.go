@@ -43,6 +43,9 @@ type Config struct {
 	Lanes        int   // lanes of each model's index (2)
 	MaxBodyBytes int64 // the largest request body (8 MiB)
 	MaxTokens    int   // the most token ids or block hashes a query may carry (1M)
+	// StateDir, if set, is where Close saves the registry and every index,
+	// and Recover reads them back (see Recover).
+	StateDir string
 	// Token, if set, is the bearer token /register and /unregister require
 	// (Authorization: Bearer <token>); queries stay open.
 	Token string
@@ -89,8 +92,8 @@ type index struct {
 }
 
 type instance struct {
-	endpoint string
-	sub      *vllm.Subscriber
+	reg Registration
+	sub *vllm.Subscriber
 }
 
 // Service is the index service: the registry of engines and their
@@ -125,7 +128,11 @@ type Registration struct {
 }
 
 // Register subscribes to an engine's KV events into its model's index.
-func (s *Service) Register(r Registration) error {
+func (s *Service) Register(r Registration) error { return s.subscribe(r, 0) }
+
+// subscribe is Register, resuming the engine's stream at resumeAt (0:
+// fresh).
+func (s *Service) subscribe(r Registration, resumeAt uint64) error {
 	if r.TenantID == "" {
 		r.TenantID = DefaultTenant
 	}
@@ -148,7 +155,7 @@ func (s *Service) Register(r Registration) error {
 	}
 	cfg := s.cfg.Subscriber
 	cfg.BlockSize = r.BlockSize
-	sub, err := vllm.NewSubscriber(idx.pool, cfg, vllm.Endpoint{Worker: key.instance, Address: r.Endpoint, Replay: r.ReplayEndpoint})
+	sub, err := vllm.NewSubscriber(idx.pool, cfg, vllm.Endpoint{Worker: key.instance, Address: r.Endpoint, Replay: r.ReplayEndpoint, ResumeAt: resumeAt})
 	if err != nil {
 		if created {
 			idx.pool.Close()
@@ -156,7 +163,7 @@ func (s *Service) Register(r Registration) error {
 		return fmt.Errorf("%w: %v", ErrUnreachable, err)
 	}
 	s.indexes[key.modelKey] = idx
-	s.instances[key] = &instance{endpoint: r.Endpoint, sub: sub}
+	s.instances[key] = &instance{reg: r, sub: sub}
 	return nil
 }
 
@@ -211,7 +218,7 @@ func (s *Service) Workers() []Worker {
 		if byID[id] == nil {
 			byID[id] = map[string]string{}
 		}
-		byID[id][fmt.Sprint(key.rank)] = inst.endpoint
+		byID[id][fmt.Sprint(key.rank)] = inst.reg.Endpoint
 	}
 	out := make([]Worker, 0, len(byID))
 	for id, eps := range byID {
@@ -235,7 +242,9 @@ func (s *Service) lookup(model, tenant string) (*index, error) {
 	return idx, nil
 }
 
-// Close stops every subscriber and index.
+// Close stops every subscriber and, with Config.StateDir, saves the state
+// (the subscribers first, so that each index and each engine's position
+// agree), then closes the indexes.
 func (s *Service) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -244,8 +253,13 @@ func (s *Service) Close() error {
 	}
 	s.closed = true
 	var err error
-	for _, inst := range s.instances {
+	resumeAt := map[instanceKey]uint64{}
+	for k, inst := range s.instances {
 		err = errors.Join(err, inst.sub.Close())
+		resumeAt[k] = resumePoint(inst)
+	}
+	if s.cfg.StateDir != "" {
+		err = errors.Join(err, s.save(resumeAt))
 	}
 	for _, idx := range s.indexes {
 		err = errors.Join(err, idx.pool.Close())

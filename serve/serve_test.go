@@ -3,9 +3,12 @@ package serve_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +18,8 @@ import (
 
 	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/ingest/vllm"
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix/holdings"
 	"github.com/kvradix/kvradix/serve"
 )
 
@@ -198,4 +203,133 @@ func TestServiceEndToEnd(t *testing.T) {
 	if get(t, ts.URL+"/workers", &workers); len(workers) != 0 {
 		t.Fatalf("workers after unregister: %+v", workers)
 	}
+}
+
+// dumpHoldings reads /dump's events of model m into holdings.
+func dumpHoldings(t *testing.T, url string) holdings.Set {
+	t.Helper()
+	resp, err := http.Get(url + "/dump")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var dump map[string][]kvevent.RouterEvent
+	if err := json.NewDecoder(resp.Body).Decode(&dump); err != nil {
+		t.Fatal(err)
+	}
+	h := holdings.Set{}
+	for _, ev := range dump["m:default"] {
+		_ = h.Apply(ev)
+	}
+	return h
+}
+
+// A service with a state directory saves its registry and index on Close;
+// the next one recovers them, resumes the engine's stream where it stood
+// and repairs what was published while it was down from the engine's
+// ring, ending equal to every event published. A snapshot damaged on disk
+// is refused, and the service starts empty, saying why.
+func TestRestartRecovers(t *testing.T) {
+	dir := t.TempDir()
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	gen := vllm.NewSynthEngine(1, bs, 4, 0.3)
+	conv := vllm.NewConverter(7, bs)
+	want := holdings.Set{}
+	publish := func(n int) {
+		for range n {
+			evs := []vllm.Event{gen.Step(), gen.Step()}
+			for _, ev := range conv.Convert(nil, &vllm.Batch{Events: evs}) {
+				_ = want.Apply(ev)
+			}
+			if _, err := pub.Publish(evs); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	start := func() (*serve.Service, *httptest.Server, serve.Recovered, error) {
+		svc := serve.New(serve.Config{StateDir: dir})
+		rec, err := svc.Recover()
+		return svc, httptest.NewServer(svc.Handler()), rec, err
+	}
+
+	svc, ts, _, err := start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Register(serve.Registration{InstanceID: 7, Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr(), ModelName: "m", BlockSize: bs}); err != nil {
+		t.Fatal(err)
+	}
+	publish(20)
+	waitFor(t, "the first service to index every batch", func() bool {
+		pub.Publish(nil) // a live message: the subscriber repairs what it missed
+		return dumpHoldings(t, ts.URL).Diff(want) == ""
+	})
+	ts.Close()
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	publish(10) // while no service runs
+	svc, ts, rec, err := start()
+	if err != nil || rec.Indexes != 1 || rec.Instances != 1 || rec.Pairs == 0 || len(rec.Failed) != 0 {
+		t.Fatalf("recovered %+v (%v)", rec, err)
+	}
+	waitFor(t, "the restarted service to catch up", func() bool {
+		pub.Publish(nil)
+		return dumpHoldings(t, ts.URL).Diff(want) == ""
+	})
+	// It resumed where the first stood: it replayed the batches published
+	// while it was down (and the empty ones), not the engine's whole ring.
+	if n := metric(t, ts.URL, `kvradix_subscriber_replayed_batches_total{dp_rank="0",instance="7"}`); n < 10 || n > 25 {
+		t.Fatalf("the restarted service replayed %v batches, want the 10-odd it missed", n)
+	}
+	ts.Close()
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	snap := filepath.Join(dir, "index-0.snap")
+	data, err := os.ReadFile(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 1
+	if err := os.WriteFile(snap, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	svc, ts, rec, err = start()
+	defer svc.Close()
+	defer ts.Close()
+	if err == nil || !strings.Contains(err.Error(), "corrupt") || rec.Indexes != 0 {
+		t.Fatalf("a damaged snapshot: recovered %+v (%v), want it refused as corrupt", rec, err)
+	}
+	var e map[string]string
+	if code := post(t, ts.URL+"/query", serve.Query{TokenIDs: tokens(bs, 1), ModelName: "m"}, &e); code != http.StatusNotFound {
+		t.Fatalf("the refused state left model m behind: %d %v", code, e)
+	}
+}
+
+// metric returns a sample's value from /metrics.
+func metric(t *testing.T, url, sample string) float64 {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	text, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(text), "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			var f float64
+			if _, err := fmt.Sscan(v, &f); err == nil {
+				return f
+			}
+		}
+	}
+	t.Fatalf("/metrics has no %s", sample)
+	return 0
 }

@@ -45,6 +45,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	lanes := fs.Int("lanes", 2, "lanes of each model's index")
 	maxBody := fs.Int64("max-body", 8<<20, "the largest request body, in bytes")
 	token := fs.String("token", "", "bearer token /register and /unregister require (none: open)")
+	state := fs.String("state", "", "directory to save the registry and indexes in on shutdown, and recover them from at start")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -52,8 +53,21 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	if err != nil {
 		return fmt.Errorf("-workers: %w", err)
 	}
-	svc := serve.New(serve.Config{Lanes: *lanes, MaxBodyBytes: *maxBody, Token: *token})
-	defer svc.Close()
+	svc := serve.New(serve.Config{Lanes: *lanes, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state})
+	defer func() {
+		if err := svc.Close(); err != nil {
+			fmt.Fprintln(stderr, "kvradix: closing:", err)
+		}
+	}()
+	switch rec, err := svc.Recover(); {
+	case err != nil:
+		fmt.Fprintf(stdout, "kvradix: the saved state was refused, starting empty: %v\n", err)
+	case rec.Indexes > 0 || rec.Instances > 0:
+		fmt.Fprintf(stdout, "kvradix: recovered %d indexes (%d pairs) and %d engines, resuming where they stood\n", rec.Indexes, rec.Pairs, rec.Instances)
+		for _, f := range rec.Failed {
+			fmt.Fprintf(stdout, "kvradix: not resubscribed: %s\n", f)
+		}
+	}
 	for _, r := range regs {
 		if err := svc.Register(r); err != nil {
 			return fmt.Errorf("-workers: instance %d: %w", r.InstanceID, err)

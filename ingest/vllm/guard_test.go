@@ -573,3 +573,37 @@ func TestHostileConnectionsAreBounded(t *testing.T) {
 		t.Fatalf("heap at %d MiB with 16 hostile connections", ms.HeapAlloc>>20)
 	}
 }
+
+// A subscriber resumed from a saved position repairs from there when the
+// engine's ring still holds it; when the ring no longer reaches back that
+// far, the worker's blocks are cleared (stale) and counted.
+func TestResumeAt(t *testing.T) {
+	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m", BufferSteps: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	for i := range 20 {
+		if _, err := pub.Publish([]Event{storedEvent(uint64(i + 1))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		resumeAt uint64
+		cleared  uint64
+	}{{16, 0}, {3, 1}} {
+		sub, _, err := newTestSubscriber(t, SubscriberConfig{}, Endpoint{Worker: 1, Address: pub.Addr(), Replay: pub.ReplayAddr(), Topic: "kv@e@", ResumeAt: tc.resumeAt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the resumed subscriber to repair", func() bool {
+			pub.Publish(nil)
+			return sub.Stats().GapsRepaired+sub.Stats().GapsLost > 0
+		})
+		st := sub.Stats()
+		if st.ResumesCleared != tc.cleared || (tc.cleared == 0 && (st.Replayed < 4 || st.GapsLost != 0)) {
+			t.Errorf("resumed at %d: %+v", tc.resumeAt, st)
+		}
+		sub.Close()
+	}
+}

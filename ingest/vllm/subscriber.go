@@ -28,6 +28,12 @@ type Endpoint struct {
 	Listen bool
 	Replay string // its replay (ROUTER) endpoint; "" for none
 	Topic  string // subscription prefix; "" for everything
+	// ResumeAt, from a saved state, is the sequence of the engine's first
+	// batch not yet applied (0: none applied, start fresh). The first live
+	// message then repairs from ResumeAt; if the engine's ring no longer
+	// holds that far back, the worker's blocks are cleared (stale, they
+	// cannot be trusted) and counted (ResumesCleared).
+	ResumeAt uint64
 }
 
 // SubscriberConfig configures a Subscriber.
@@ -109,10 +115,13 @@ type SubscriberStats struct {
 	FramesRefused, HandshakeTimeouts uint64
 	// ConnsRefused counts connections a Listen endpoint closed past
 	// MaxConns.
-	ConnsRefused  uint64
-	Convert       ConvertStats
-	RecentLosses  []Loss // the latest losses, at most 64
-	EventsApplied uint64 // router events handed to the indexer
+	ConnsRefused uint64
+	// ResumesCleared counts endpoints resumed from a saved state whose
+	// engine no longer held what they missed: their blocks were cleared.
+	ResumesCleared uint64
+	Convert        ConvertStats
+	RecentLosses   []Loss // the latest losses, at most 64
+	EventsApplied  uint64 // router events handed to the indexer
 }
 
 // Subscriber receives engines' KV events over ZeroMQ, decodes and converts
@@ -136,6 +145,7 @@ type Subscriber struct {
 	c      struct {
 		batches, replayed, badFrames, decodeErrs, dups, restarts, suspect, disconnects atomic.Uint64
 		gaps, repaired, lost, batchesLost, applyErrs, applied                          atomic.Uint64
+		resumesCleared                                                                 atomic.Uint64
 	}
 }
 
@@ -153,6 +163,7 @@ type endpoint struct {
 	recent   [256]applied // the latest batches applied, by seq mod 256: duplicates are recognised
 	holes    bool         // the current repair lost batches
 	rank     kvevent.DPRank
+	resuming bool // ResumeAt was given and no message has come yet
 	scratch  []kvevent.RouterEvent
 	lastSeq  atomic.Uint64 // last sequence applied, plus one (0 = none)
 }
@@ -198,6 +209,10 @@ func NewSubscriber(idx shardpool.Indexer, cfg SubscriberConfig, eps ...Endpoint)
 	s := &Subscriber{idx: idx, cfg: cfg, ctx: ctx, cancel: cancel, guard: g, replayGuard: rg}
 	for _, ep := range eps {
 		e := &endpoint{cfg: ep, conv: NewConverter(ep.Worker, cfg.BlockSize), msgs: make(chan zmq4.Msg, 1<<12), flushes: make(chan chan struct{}), stopped: make(chan struct{})}
+		if ep.ResumeAt > 0 {
+			e.expected, e.resuming = ep.ResumeAt, true
+			e.lastSeq.Store(ep.ResumeAt)
+		}
 		e.sub = zmq4.NewSub(ctx, zmq4.WithDialerRetry(50*time.Millisecond), zmq4.WithDialerTimeout(cfg.HandshakeTimeout),
 			zmq4.WithDialerMaxRetries(int(cfg.HandshakeTimeout/(50*time.Millisecond))), zmq4.WithAutomaticReconnect(true))
 		if ep.Listen {
@@ -393,6 +408,15 @@ func (s *Subscriber) handle(e *endpoint, msg zmq4.Msg) {
 	}
 	if seq > e.expected {
 		s.repair(e, e.expected, seq)
+	}
+	if e.resuming {
+		e.resuming = false
+		if e.holes {
+			// What the saved state held of this engine is stale past what
+			// could be repaired: forget it rather than keep it.
+			s.c.resumesCleared.Add(1)
+			s.apply(e, []kvevent.RouterEvent{{WorkerID: e.cfg.Worker, Event: kvevent.Event{DPRank: e.rank, Data: kvevent.Cleared{}}}})
+		}
 	}
 	s.applyBatch(e, seq, payload)
 	s.c.batches.Add(1)
@@ -629,8 +653,8 @@ func (s *Subscriber) Stats() SubscriberStats {
 		DecodeErrors: s.c.decodeErrs.Load(), Duplicates: s.c.dups.Load(), Restarts: s.c.restarts.Load(), SuspectSeqs: s.c.suspect.Load(), Disconnects: s.c.disconnects.Load(),
 		GapsFound: s.c.gaps.Load(), GapsRepaired: s.c.repaired.Load(), GapsLost: s.c.lost.Load(),
 		FramesRefused: s.guard.refused.Load() + s.replayGuard.refused.Load(), HandshakeTimeouts: s.guard.timeouts.Load() + s.replayGuard.timeouts.Load(),
-		ConnsRefused: s.guard.turnedAway.Load(),
-		BatchesLost:  s.c.batchesLost.Load(), ApplyErrors: s.c.applyErrs.Load(), EventsApplied: s.c.applied.Load(),
+		ConnsRefused: s.guard.turnedAway.Load(), ResumesCleared: s.c.resumesCleared.Load(),
+		BatchesLost: s.c.batchesLost.Load(), ApplyErrors: s.c.applyErrs.Load(), EventsApplied: s.c.applied.Load(),
 	}
 	for _, e := range s.eps {
 		c := e.conv.Stats()
