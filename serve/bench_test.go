@@ -59,3 +59,43 @@ func BenchmarkQueryByHash(b *testing.B) {
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "requests/s")
 }
+
+// BenchmarkRecover is a restart with a state directory: an index of about
+// 1M (instance, block) pairs saved by Close, then recovered by a new
+// service (read, checked, applied, flushed). The target: within 1 s.
+func BenchmarkRecover(b *testing.B) {
+	dir := b.TempDir()
+	svc := serve.New(serve.Config{StateDir: dir})
+	idx := serve.IndexForTest(svc, "m", 16)
+	pairs := 0
+	for w := range 16 {
+		for c := range 256 { // 256 chains of 256 blocks a worker: 1M pairs
+			st := kvevent.Stored{Blocks: make([]kvevent.StoredBlock, 256)}
+			for i := range st.Blocks {
+				st.Blocks[i] = kvevent.StoredBlock{BlockHash: uint64(w)<<40 | uint64(c)<<20 | uint64(i), TokensHash: uint64(c)<<20 | uint64(i) + 1}
+			}
+			if err := idx.ApplyEvent(kvevent.RouterEvent{WorkerID: kvevent.WorkerID(w), Event: kvevent.Event{Data: st}}); err != nil {
+				b.Fatal(err)
+			}
+			pairs += 256
+		}
+	}
+	if _, err := idx.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	if err := svc.Close(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		again := serve.New(serve.Config{StateDir: dir})
+		rec, err := again.Recover()
+		if err != nil || rec.Pairs != pairs {
+			b.Fatalf("recovered %+v (%v), want %d pairs", rec, err, pairs)
+		}
+		b.StopTimer()
+		again.Close()
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(pairs), "pairs")
+}
