@@ -4,7 +4,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvradix/kvradix/kvevent"
-	"github.com/kvradix/kvradix/shardpool"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 )
 
@@ -24,7 +23,7 @@ func IndexForTest(s *Service, model string, blockSize int) interface {
 	defer s.mu.Unlock()
 	k := modelKey{model, DefaultTenant}
 	if s.indexes[k] == nil {
-		s.indexes[k] = &index{pool: shardpool.NewPool(s.cfg.Lanes, blockSize), blockSize: blockSize}
+		s.indexes[k] = newIndex(s.cfg.Lanes, blockSize)
 	}
 	return s.indexes[k].pool
 }

@@ -14,6 +14,8 @@
 //	POST /query           {token_ids, model_name, tenant_id?, lora_name?}
 //	POST /query_by_hash   {block_hashes, model_name, tenant_id?}
 //	GET  /dump            {"<model>:<tenant>": [RouterEvent, ...]}
+//	POST /route           {token_ids | block_hashes, model_name, tenant_id?, request_id?} (see route.go)
+//	POST /requests/{id}/first_token, /requests/{id}/complete
 //	GET  /health
 //	GET  /metrics         Prometheus: events, gaps and losses per engine, query latency, hit rate
 //
@@ -32,6 +34,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/kvradix/kvradix/ingest/vllm"
 	"github.com/kvradix/kvradix/kvevent"
@@ -43,6 +46,10 @@ type Config struct {
 	Lanes        int   // lanes of each model's index (2)
 	MaxBodyBytes int64 // the largest request body (8 MiB)
 	MaxTokens    int   // the most token ids or block hashes a query may carry (1M)
+	// RequestTTL is how long a routed request counts in its instance's
+	// load without being completed (10 min): a client that crashed cannot
+	// pin load for good.
+	RequestTTL time.Duration
 	// StateDir, if set, is where Close saves the registry and every index,
 	// and Recover reads them back (see Recover).
 	StateDir string
@@ -63,6 +70,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxTokens <= 0 {
 		c.MaxTokens = 1 << 20
+	}
+	if c.RequestTTL <= 0 {
+		c.RequestTTL = 10 * time.Minute
 	}
 }
 
@@ -89,6 +99,7 @@ type instanceKey struct {
 type index struct {
 	pool      *shardpool.Pool
 	blockSize int
+	router    *modelRouter
 }
 
 type instance struct {
@@ -105,14 +116,19 @@ type Service struct {
 	mu        sync.Mutex
 	indexes   map[modelKey]*index
 	instances map[instanceKey]*instance
+	routes    map[string]*modelRouter // requests in flight, by request id
 	closed    bool
+	stop      chan struct{} // stops expire
+	expiring  sync.WaitGroup
 }
 
 // New returns an empty service.
 func New(cfg Config) *Service {
 	cfg.defaults()
-	s := &Service{cfg: cfg, indexes: map[modelKey]*index{}, instances: map[instanceKey]*instance{}}
+	s := &Service{cfg: cfg, indexes: map[modelKey]*index{}, instances: map[instanceKey]*instance{},
+		routes: map[string]*modelRouter{}, stop: make(chan struct{})}
 	s.metrics = newMetrics(s)
+	s.expiring.Go(func() { s.expire(s.stop) })
 	return s
 }
 
@@ -151,7 +167,7 @@ func (s *Service) subscribe(r Registration, resumeAt uint64) error {
 	}
 	created := idx == nil
 	if created {
-		idx = &index{pool: shardpool.NewPool(s.cfg.Lanes, r.BlockSize), blockSize: r.BlockSize}
+		idx = newIndex(s.cfg.Lanes, r.BlockSize)
 	}
 	cfg := s.cfg.Subscriber
 	cfg.BlockSize = r.BlockSize
@@ -242,16 +258,29 @@ func (s *Service) lookup(model, tenant string) (*index, error) {
 	return idx, nil
 }
 
+// newIndex returns an empty index with its router.
+func newIndex(lanes, blockSize int) *index { return indexOver(shardpool.NewPool(lanes, blockSize), blockSize) }
+
+// indexOver returns the index of pool, with its router.
+func indexOver(pool *shardpool.Pool, blockSize int) *index {
+	return &index{pool: pool, blockSize: blockSize, router: &modelRouter{reqs: map[string]*routed{}}}
+}
+
 // Close stops every subscriber and, with Config.StateDir, saves the state
 // (the subscribers first, so that each index and each engine's position
 // agree), then closes the indexes.
 func (s *Service) Close() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return nil
 	}
 	s.closed = true
+	close(s.stop)
+	s.mu.Unlock()
+	s.expiring.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	var err error
 	resumeAt := map[instanceKey]uint64{}
 	for k, inst := range s.instances {

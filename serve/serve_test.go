@@ -334,3 +334,67 @@ func metric(t *testing.T, url, sample string) float64 {
 	t.Fatalf("/metrics has no %s", sample)
 	return 0
 }
+
+// POST /route sends a prompt to the instance holding its prefix and
+// admits it into that instance's load; first_token and complete release
+// it; a request id in flight cannot be reused; one never completed
+// expires after RequestTTL; bad requests get their statuses.
+func TestRoute(t *testing.T) {
+	svc := serve.New(serve.Config{RequestTTL: 300 * time.Millisecond})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	var pubs []*vllm.Publisher
+	for id := range uint64(2) {
+		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pub.Close()
+		pubs = append(pubs, pub)
+		if err := svc.Register(serve.Registration{InstanceID: id + 1, Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr(), ModelName: "m", BlockSize: bs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prompt := tokens(3*bs+2, 500)
+	stored := vllm.Event{Type: vllm.BlockStored, BlockHashes: []uint64{21, 22, 23}, TokenIDs: prompt[:3*bs], BlockSize: bs, Medium: "GPU"}
+	waitFor(t, "instance 2 to hold the prompt", func() bool {
+		pubs[1].Publish([]vllm.Event{stored})
+		var got serve.Scores
+		post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: "m"}, &got)
+		return got.Scores["2"]["0"] == 3*bs
+	})
+	var a serve.RouteAnswer
+	if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m"}, &a); code != http.StatusOK || a.InstanceID != 2 || a.OverlapBlocks != 3 || a.RequestID == "" {
+		t.Fatalf("route: %d %+v", code, a)
+	}
+	for _, step := range []struct {
+		path string
+		code int
+	}{{"/first_token", 200}, {"/complete", 200}, {"/complete", 404}, {"/first_token", 404}} {
+		if code := post(t, ts.URL+"/requests/"+a.RequestID+step.path, []byte("{}"), nil); code != step.code {
+			t.Fatalf("%s: %d, want %d", step.path, code, step.code)
+		}
+	}
+	if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m", RequestID: "x"}, &a); code != http.StatusOK || a.RequestID != "x" {
+		t.Fatalf("route with an id: %d %+v", code, a)
+	}
+	var e map[string]string
+	for _, tc := range []struct {
+		name string
+		req  serve.RouteRequest
+		code int
+	}{
+		{"an id in flight", serve.RouteRequest{TokenIDs: prompt, ModelName: "m", RequestID: "x"}, http.StatusConflict},
+		{"tokens and hashes", serve.RouteRequest{TokenIDs: prompt, BlockHashes: []uint64{1}, ModelName: "m"}, http.StatusBadRequest},
+		{"neither", serve.RouteRequest{ModelName: "m"}, http.StatusBadRequest},
+		{"an unknown model", serve.RouteRequest{TokenIDs: prompt, ModelName: "other"}, http.StatusNotFound},
+	} {
+		if code := post(t, ts.URL+"/route", tc.req, &e); code != tc.code {
+			t.Errorf("%s: %d %v, want %d", tc.name, code, e, tc.code)
+		}
+	}
+	waitFor(t, "request x to expire", func() bool {
+		return post(t, ts.URL+"/requests/x/first_token", []byte("{}"), nil) == http.StatusNotFound
+	})
+}

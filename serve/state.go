@@ -127,7 +127,7 @@ func (s *Service) loadIndex(si savedIndex) (*index, error) {
 		pool.Close()
 		return nil, fmt.Errorf("serve: state of %s:%s (%s): %w", si.Model, si.Tenant, si.File, err)
 	}
-	return &index{pool: pool, blockSize: si.BlockSize}, nil
+	return indexOver(pool, si.BlockSize), nil
 }
 
 // save writes the state (s.mu held, the subscribers closed, so that each

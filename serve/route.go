@@ -1,0 +1,247 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kvradix/kvradix/hashing"
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/router"
+)
+
+// The router core over HTTP: POST /route picks an instance (and rank) for
+// a prompt by overlap and load, with kvradix's scheduler, and admits the
+// request into that instance's load; POST /requests/{id}/first_token and
+// /complete release its prefill and then all of it. A request neither
+// completed nor reported within Config.RequestTTL expires, so a client
+// that crashed cannot pin load for good.
+
+// RouteRequest is a POST /route body: token_ids, or block_hashes (local
+// hashes at the model's block size).
+type RouteRequest struct {
+	TokenIDs    []uint32 `json:"token_ids,omitempty"`
+	BlockHashes []uint64 `json:"block_hashes,omitempty"`
+	ModelName   string   `json:"model_name"`
+	TenantID    string   `json:"tenant_id,omitempty"`
+	RequestID   string   `json:"request_id,omitempty"` // the caller's; a new UUID if empty
+}
+
+// RouteAnswer is POST /route's answer.
+type RouteAnswer struct {
+	InstanceID    uint64 `json:"instance_id"`
+	DPRank        int    `json:"dp_rank"`
+	OverlapBlocks uint32 `json:"overlap_blocks"`
+	RequestID     string `json:"request_id"`
+	PromptBlocks  int    `json:"prompt_blocks"`
+}
+
+// modelRouter is one model's scheduler over its registered instances,
+// rebuilt when they change, with the requests in flight carried over.
+type modelRouter struct {
+	mu      sync.Mutex
+	sched   *router.Scheduler
+	workers []kvevent.Worker
+	reqs    map[string]*routed
+}
+
+type routed struct {
+	id       uuid.UUID
+	admit    router.SchedRequest
+	worker   kvevent.Worker
+	prefill  bool // first token reported
+	deadline time.Time
+}
+
+// workersOf lists the registered (instance, rank) pairs of a model (s.mu
+// held).
+func (s *Service) workersOf(k modelKey) []kvevent.Worker {
+	var ws []kvevent.Worker
+	for key := range s.instances {
+		if key.modelKey == k {
+			ws = append(ws, kvevent.Worker{ID: key.instance, DPRank: kvevent.DPRank(key.rank)})
+		}
+	}
+	sort.Slice(ws, func(i, j int) bool {
+		return ws[i].ID < ws[j].ID || ws[i].ID == ws[j].ID && ws[i].DPRank < ws[j].DPRank
+	})
+	return ws
+}
+
+// scheduler returns the model's router over ws, rebuilding its scheduler
+// (and re-admitting the requests in flight on instances still there) if
+// the instances changed.
+func (m *modelRouter) scheduler(ws []kvevent.Worker, blockSize int) (*router.Scheduler, error) {
+	if m.sched != nil && slicesEqual(ws, m.workers) {
+		return m.sched, nil
+	}
+	sched, err := router.NewScheduler(router.SchedulerConfig{BlockSize: blockSize, OverlapWeight: router.DefaultOverlapWeight,
+		MaxBatchedTokens: 8192, TrackPrefillTokens: true}, ws)
+	if err != nil {
+		return nil, err
+	}
+	for key, r := range m.reqs {
+		if sched.Admit(r.admit, r.worker) != nil {
+			delete(m.reqs, key) // its instance left
+			continue
+		}
+		if r.prefill {
+			_ = sched.MarkPrefillCompleted(r.id)
+		}
+	}
+	m.sched, m.workers = sched, ws
+	return sched, nil
+}
+
+// admit schedules a request and records it in flight.
+func (m *modelRouter) admit(ws []kvevent.Worker, blockSize int, id string, isl int, local []uint64, overlaps map[kvevent.Worker]uint32, ttl time.Duration) (kvevent.Worker, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sched, err := m.scheduler(ws, blockSize)
+	if err != nil {
+		return kvevent.Worker{}, err
+	}
+	req := router.SchedRequest{ID: uuid.New(), ISL: isl, Blocks: hashing.SequenceHashes(nil, local), Overlaps: overlaps}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	wk, err := sched.Schedule(ctx, req)
+	if err != nil {
+		return kvevent.Worker{}, err
+	}
+	m.reqs[id] = &routed{id: req.ID, admit: req, worker: wk, deadline: time.Now().Add(ttl)}
+	return wk, nil
+}
+
+func slicesEqual(a, b []kvevent.Worker) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Service) route(w http.ResponseWriter, r *http.Request) {
+	var q RouteRequest
+	if !s.decode(w, r, &q) {
+		return
+	}
+	switch {
+	case (len(q.TokenIDs) == 0) == (len(q.BlockHashes) == 0):
+		fail(w, http.StatusBadRequest, errors.New("token_ids, block_hashes: give exactly one"))
+		return
+	case len(q.TokenIDs) > s.cfg.MaxTokens || len(q.BlockHashes) > s.cfg.MaxTokens:
+		fail(w, http.StatusBadRequest, fmt.Errorf("token_ids or block_hashes: at most %d", s.cfg.MaxTokens))
+		return
+	}
+	k := modelKey{q.ModelName, tenantOr(q.TenantID)}
+	idx, err := s.lookup(k.model, k.tenant)
+	if err != nil {
+		fail(w, status(err), err)
+		return
+	}
+	local, isl := q.BlockHashes, len(q.BlockHashes)*idx.blockSize
+	if q.TokenIDs != nil {
+		local, isl = hashing.LocalHashes(nil, q.TokenIDs, idx.blockSize, hashing.Options{}), len(q.TokenIDs)
+	}
+	scores, err := idx.pool.FindMatches(local)
+	if err != nil {
+		fail(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	if q.RequestID == "" {
+		q.RequestID = uuid.NewString()
+	}
+	// The id is reserved first (s.mu, then m.mu: the order expire takes
+	// them in), and given back if the request is not admitted.
+	s.mu.Lock()
+	ws := s.workersOf(k)
+	m := idx.router
+	if s.routes[q.RequestID] != nil {
+		s.mu.Unlock()
+		fail(w, http.StatusConflict, fmt.Errorf("request_id: %q is in flight", q.RequestID))
+		return
+	}
+	if len(ws) == 0 {
+		s.mu.Unlock()
+		fail(w, http.StatusServiceUnavailable, fmt.Errorf("model %s:%s has no instance registered", k.model, k.tenant))
+		return
+	}
+	s.routes[q.RequestID] = m
+	s.mu.Unlock()
+	wk, err := m.admit(ws, idx.blockSize, q.RequestID, isl, local, scores.Scores, s.cfg.RequestTTL)
+	if err != nil {
+		s.mu.Lock()
+		delete(s.routes, q.RequestID)
+		s.mu.Unlock()
+		fail(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	reply(w, http.StatusOK, RouteAnswer{InstanceID: uint64(wk.ID), DPRank: int(wk.DPRank), OverlapBlocks: scores.Scores[wk],
+		RequestID: q.RequestID, PromptBlocks: len(local)})
+}
+
+// release handles /requests/{id}/first_token and /complete.
+func (s *Service) release(complete bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		s.mu.Lock()
+		m := s.routes[id]
+		if complete {
+			delete(s.routes, id)
+		}
+		s.mu.Unlock()
+		if m == nil {
+			fail(w, http.StatusNotFound, fmt.Errorf("request %q: not in flight (unknown, completed or expired)", id))
+			return
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		rq := m.reqs[id]
+		if rq == nil {
+			fail(w, http.StatusNotFound, fmt.Errorf("request %q: not in flight", id))
+			return
+		}
+		if complete {
+			delete(m.reqs, id)
+			_ = m.sched.Free(rq.id)
+		} else if !rq.prefill {
+			rq.prefill = true
+			_ = m.sched.MarkPrefillCompleted(rq.id)
+		}
+		reply(w, http.StatusOK, map[string]string{"request_id": id})
+	}
+}
+
+// expire frees the requests past their TTL, every second, until stop.
+func (s *Service) expire(stop <-chan struct{}) {
+	t := time.NewTicker(min(time.Second, s.cfg.RequestTTL/2))
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-t.C:
+			s.mu.Lock()
+			for id, m := range s.routes {
+				m.mu.Lock()
+				if rq := m.reqs[id]; rq != nil && now.After(rq.deadline) { // nil: being admitted
+					_ = m.sched.Free(rq.id)
+					delete(m.reqs, id)
+					delete(s.routes, id)
+				}
+				m.mu.Unlock()
+			}
+			s.mu.Unlock()
+		}
+	}
+}
