@@ -259,7 +259,9 @@ func (s *Service) lookup(model, tenant string) (*index, error) {
 }
 
 // newIndex returns an empty index with its router.
-func newIndex(lanes, blockSize int) *index { return indexOver(shardpool.NewPool(lanes, blockSize), blockSize) }
+func newIndex(lanes, blockSize int) *index {
+	return indexOver(shardpool.NewPool(lanes, blockSize), blockSize)
+}
 
 // indexOver returns the index of pool, with its router.
 func indexOver(pool *shardpool.Pool, blockSize int) *index {
