@@ -45,6 +45,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	lanes := fs.Int("lanes", 2, "lanes of each model's index")
 	maxBody := fs.Int64("max-body", 8<<20, "the largest request body, in bytes")
 	token := fs.String("token", "", "bearer token /register and /unregister require (none: open)")
+	ttl := fs.Duration("ttl", 10*time.Minute, "how long a routed request counts in its instance's load without being completed")
 	state := fs.String("state", "", "directory to save the registry and indexes in on shutdown, and recover them from at start")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -53,7 +54,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	if err != nil {
 		return fmt.Errorf("-workers: %w", err)
 	}
-	svc := serve.New(serve.Config{Lanes: *lanes, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state})
+	svc := serve.New(serve.Config{Lanes: *lanes, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl})
 	defer func() {
 		if err := svc.Close(); err != nil {
 			fmt.Fprintln(stderr, "kvradix: closing:", err)
