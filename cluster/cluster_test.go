@@ -135,22 +135,12 @@ func TestRestartFromSnapshot(t *testing.T) {
 	ctx, _, bus := setup(t)
 	evs, want := events(400, 2)
 	a, poolA := follow(t, ctx, bus, 0)
-	for i, ev := range evs[:250] {
-		ev.Event.ID = uint64(i) + 1
-		if _, err := bus.Publish(ctx, ev); err != nil {
-			t.Fatal(err)
-		}
-	}
+	publishAll(t, ctx, bus, evs[:250], 1)
 	seq, err := a.Snapshot(ctx, poolA.Index())
 	if err != nil || seq != 250 {
 		t.Fatalf("snapshot at %d (%v), want 250", seq, err)
 	}
-	for i, ev := range evs[250:] {
-		ev.Event.ID = uint64(250+i) + 1
-		if _, err := bus.Publish(ctx, ev); err != nil {
-			t.Fatal(err)
-		}
-	}
+	publishAll(t, ctx, bus, evs[250:], 251)
 	pool := shardpool.NewPool(2, 16)
 	defer pool.Close()
 	from, err := bus.Restore(ctx, pool)
@@ -574,12 +564,7 @@ func TestLostStreamIsDetectedAndRejoined(t *testing.T) {
 	defer bus.Close()
 	evs, _ := events(90, 5)
 	a, poolA := follow(t, ctx, bus, 0)
-	for i, ev := range evs[:60] {
-		ev.Event.ID = uint64(i) + 1
-		if _, err := bus.Publish(ctx, ev); err != nil {
-			t.Fatal(err)
-		}
-	}
+	publishAll(t, ctx, bus, evs[:60], 1)
 	if _, err := a.Snapshot(ctx, poolA.Index()); err != nil {
 		t.Fatal(err)
 	}
@@ -621,9 +606,16 @@ func TestLostStreamIsDetectedAndRejoined(t *testing.T) {
 	if !errors.As(a.Err(), &reset) || bus.StreamResets() != 1 {
 		t.Fatalf("Err %v, %d resets counted", a.Err(), bus.StreamResets())
 	}
+	joinHolds(t, ctx, bus, want, "the rejoined replica")
+}
+
+// joinHolds joins a new replica (Join: the newest usable snapshot, or a
+// clean start), catches it up and checks it holds want.
+func joinHolds(t *testing.T, ctx context.Context, bus *cluster.Bus, want radixtest.Holdings, what string) {
+	t.Helper()
 	r, idx, err := bus.Join(ctx, func() shardpool.Indexer { return shardpool.NewPool(2, 16) }, time.Second)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: Join: %v", what, err)
 	}
 	defer idx.Close()
 	defer r.Close()
@@ -631,7 +623,18 @@ func TestLostStreamIsDetectedAndRejoined(t *testing.T) {
 		t.Fatal(err)
 	}
 	if d := want.DiffIndex(idx.(*shardpool.Pool).Index()); d != "" {
-		t.Fatalf("the rejoined replica: %s", d)
+		t.Fatalf("%s: %s", what, d)
+	}
+}
+
+// publishAll publishes evs in order, numbering them from firstID.
+func publishAll(t *testing.T, ctx context.Context, bus *cluster.Bus, evs []kvevent.RouterEvent, firstID uint64) {
+	t.Helper()
+	for i, ev := range evs {
+		ev.Event.ID = firstID + uint64(i)
+		if _, err := bus.Publish(ctx, ev); err != nil {
+			t.Fatalf("publish event %d: %v", ev.Event.ID, err)
+		}
 	}
 }
 
@@ -642,12 +645,7 @@ func TestJoinStartsCleanAfterTheStreamIsRecreated(t *testing.T) {
 	ctx, srv, bus := setup(t)
 	evs, _ := events(40, 6)
 	a, poolA := follow(t, ctx, bus, 0)
-	for i, ev := range evs[:30] {
-		ev.Event.ID = uint64(i) + 1
-		if _, err := bus.Publish(ctx, ev); err != nil {
-			t.Fatal(err)
-		}
-	}
+	publishAll(t, ctx, bus, evs[:30], 1)
 	if _, err := a.Snapshot(ctx, poolA.Index()); err != nil {
 		t.Fatal(err)
 	}
@@ -663,26 +661,12 @@ func TestJoinStartsCleanAfterTheStreamIsRecreated(t *testing.T) {
 	if err := js.DeleteStream(ctx, "KVEVENTS"); err != nil {
 		t.Fatal(err)
 	}
+	publishAll(t, ctx, bus, evs[30:], 100) // the bus re-creates the stream
 	want := radixtest.Holdings{}
-	for i, ev := range evs[30:] {
-		ev.Event.ID = uint64(100 + i)
-		if _, err := bus.Publish(ctx, ev); err != nil {
-			t.Fatalf("publish after the stream was deleted: %v", err)
-		}
+	for _, ev := range evs[30:] {
 		_ = want.Apply(ev)
 	}
-	r, idx, err := bus.Join(ctx, func() shardpool.Indexer { return shardpool.NewPool(2, 16) }, time.Second)
-	if err != nil {
-		t.Fatalf("Join with a snapshot past the re-created stream: %v", err)
-	}
-	defer idx.Close()
-	defer r.Close()
-	if err := r.CatchUp(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if d := want.DiffIndex(idx.(*shardpool.Pool).Index()); d != "" {
-		t.Fatalf("the replica joined after the reset: %s", d)
-	}
+	joinHolds(t, ctx, bus, want, "the replica joined after the reset")
 }
 
 // With the server gone for good, CatchUp gives up after Config.Patience,

@@ -109,18 +109,7 @@ func TestSnapshotDecodeRefusesDamage(t *testing.T) {
 // last (seq + 1,000, and 2^63: a replica would wait forever); the whole
 // snapshot restores into an indexer of its block size.
 func TestRestoreRefusals(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	srv, err := StartEmbedded(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	bus, err := Connect(ctx, srv.URL(), Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bus.Close()
+	ctx, bus := internalBus(t)
 	src := shardpool.NewPool(1, 16)
 	defer src.Close()
 	r, err := bus.Follow(ctx, src, 0)
@@ -199,18 +188,7 @@ func lastEvent(t *testing.T, body []byte) kvevent.RouterEvent {
 // its data is still there is corruption, not "no snapshot" (which would
 // make Join start from the stream's start as if nothing had been lost).
 func TestSnapshotWithoutItsDescriptionIsCorrupt(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	srv, err := StartEmbedded(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	bus, err := Connect(ctx, srv.URL(), Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bus.Close()
+	ctx, bus := internalBus(t)
 	pool := shardpool.NewPool(1, 16)
 	defer pool.Close()
 	if _, err := bus.Restore(ctx, pool); err != ErrNoSnapshot {
@@ -235,4 +213,23 @@ func TestSnapshotWithoutItsDescriptionIsCorrupt(t *testing.T) {
 	if _, err := bus.Restore(ctx, pool); !errors.Is(err, ErrCorruptSnapshot) {
 		t.Fatalf("a snapshot without its description: %v, want ErrCorruptSnapshot", err)
 	}
+}
+
+// internalBus is an embedded server and a bus on it, for the tests that
+// look inside the package; both go at the test's end.
+func internalBus(t *testing.T) (context.Context, *Bus) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	srv, err := StartEmbedded(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	bus, err := Connect(ctx, srv.URL(), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bus.Close)
+	return ctx, bus
 }

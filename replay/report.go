@@ -44,15 +44,33 @@ func Compare(ctx context.Context, reqs []trace.Request, routers []string, cfg Co
 // compare is Compare over prompts hashed once, running at most n replays
 // (and the references) at a time.
 func compare(ctx context.Context, reqs []trace.Request, p *prompts, routers []string, cfg Config, n int) (Report, error) {
+	rep := newReport(cfg, routers)
+	if err := parallel(rep.jobs(ctx, reqs, p, cfg), n, nil); err != nil {
+		return rep, err
+	}
+	rep.setEfficiencies()
+	return rep, nil
+}
+
+// newReport is an empty report of cfg's fleet for the routers.
+func newReport(cfg Config, routers []string) Report {
 	rep := Report{Workers: cfg.Workers, Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, Speedup: cfg.Speedup, Seed: cfg.Seed,
 		Results: make([]Result, len(routers))}
-	jobs := make([]func() error, 0, len(routers)+1)
-	jobs = append(jobs, func() (err error) {
-		rep.ReusePooled, rep.ReuseUnbounded, err = references(ctx, reqs, p, cfg)
-		return err
-	})
 	for i, name := range routers {
 		rep.Results[i].Router = name
+	}
+	return rep
+}
+
+// jobs returns the replays that fill the report: the references, and one
+// per router of its Results.
+func (rep *Report) jobs(ctx context.Context, reqs []trace.Request, p *prompts, cfg Config) []func() error {
+	jobs := []func() error{func() (err error) {
+		rep.ReusePooled, rep.ReuseUnbounded, err = references(ctx, reqs, p, cfg)
+		return err
+	}}
+	for i := range rep.Results {
+		name := rep.Results[i].Router
 		jobs = append(jobs, func() error {
 			res, err := runPrompts(ctx, reqs, p, name, cfg)
 			if err != nil {
@@ -62,13 +80,14 @@ func compare(ctx context.Context, reqs []trace.Request, p *prompts, routers []st
 			return nil
 		})
 	}
-	if err := parallel(jobs, n, nil); err != nil {
-		return rep, err
-	}
+	return jobs
+}
+
+// setEfficiencies sets every result's efficiency against the references.
+func (rep *Report) setEfficiencies() {
 	for i := range rep.Results {
 		rep.Results[i].setEfficiency(rep.ReusePooled)
 	}
-	return rep, nil
 }
 
 func (r *Result) setEfficiency(pooled float64) {
@@ -213,27 +232,8 @@ func sweep(ctx context.Context, reqs []trace.Request, p *prompts, settings []Set
 		}
 		combos = next
 	}
-	baselines := []string{RoundRobin, KV}
-	rep := SweepReport{
-		Report: Report{Workers: cfg.Workers, Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, Speedup: cfg.Speedup, Seed: cfg.Seed,
-			Results: make([]Result, len(baselines))},
-		Points: make([]SweepPoint, len(combos)),
-	}
-	jobs := []func() error{func() (err error) {
-		rep.ReusePooled, rep.ReuseUnbounded, err = references(ctx, reqs, p, cfg)
-		return err
-	}}
-	for i, name := range baselines {
-		rep.Results[i].Router = name
-		jobs = append(jobs, func() error {
-			res, err := runPrompts(ctx, reqs, p, name, cfg)
-			if err != nil {
-				return fmt.Errorf("%s: %w", name, err)
-			}
-			rep.Results[i] = res
-			return nil
-		})
-	}
+	rep := SweepReport{Report: newReport(cfg, []string{RoundRobin, KV}), Points: make([]SweepPoint, len(combos))}
+	jobs := rep.jobs(ctx, reqs, p, cfg) // the references and the baselines
 	for i, combo := range combos {
 		c := cfg
 		var err error
@@ -254,9 +254,7 @@ func sweep(ctx context.Context, reqs []trace.Request, p *prompts, settings []Set
 	}
 	err := parallel(jobs, n, progress)
 	// Efficiencies once the references are in, whichever finished first.
-	for i := range rep.Results {
-		rep.Results[i].setEfficiency(rep.ReusePooled)
-	}
+	rep.setEfficiencies()
 	for i := range rep.Points {
 		rep.Points[i].setEfficiency(rep.ReusePooled)
 	}

@@ -133,24 +133,10 @@ func (s *Service) query(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &q) {
 		return
 	}
-	if len(q.TokenIDs) > s.cfg.MaxTokens {
-		fail(w, http.StatusBadRequest, fmt.Errorf("token_ids: %d, at most %d", len(q.TokenIDs), s.cfg.MaxTokens))
-		return
-	}
-	idx, err := s.lookup(q.ModelName, q.TenantID)
-	if err != nil {
-		fail(w, status(err), err)
-		return
-	}
-	start := time.Now()
-	res, err := idx.pool.FindMatchesForRequest(q.TokenIDs, q.LoRAName)
-	if err != nil {
-		fail(w, http.StatusServiceUnavailable, err)
-		return
-	}
-	out := scores(res, idx.blockSize)
-	s.metrics.observeQuery("query", q.ModelName+":"+tenantOr(q.TenantID), start, len(q.TokenIDs)/idx.blockSize, out, idx.blockSize)
-	reply(w, http.StatusOK, out)
+	s.answer(w, "query", "token_ids", len(q.TokenIDs), q.ModelName, q.TenantID, func(idx *index) (radix.OverlapScores, int, error) {
+		res, err := idx.pool.FindMatchesForRequest(q.TokenIDs, q.LoRAName)
+		return res, len(q.TokenIDs) / idx.blockSize, err
+	})
 }
 
 func (s *Service) queryByHash(w http.ResponseWriter, r *http.Request) {
@@ -158,23 +144,33 @@ func (s *Service) queryByHash(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &q) {
 		return
 	}
-	if len(q.BlockHashes) > s.cfg.MaxTokens {
-		fail(w, http.StatusBadRequest, fmt.Errorf("block_hashes: %d, at most %d", len(q.BlockHashes), s.cfg.MaxTokens))
+	s.answer(w, "query_by_hash", "block_hashes", len(q.BlockHashes), q.ModelName, q.TenantID, func(idx *index) (radix.OverlapScores, int, error) {
+		res, err := idx.pool.FindMatches(q.BlockHashes)
+		return res, len(q.BlockHashes), err
+	})
+}
+
+// answer serves one query: field's n items within MaxTokens, the model's
+// index, match (its overlap and the blocks asked about), the metrics, the
+// reply in tokens.
+func (s *Service) answer(w http.ResponseWriter, endpoint, field string, n int, model, tenant string, match func(*index) (radix.OverlapScores, int, error)) {
+	if n > s.cfg.MaxTokens {
+		fail(w, http.StatusBadRequest, fmt.Errorf("%s: %d, at most %d", field, n, s.cfg.MaxTokens))
 		return
 	}
-	idx, err := s.lookup(q.ModelName, q.TenantID)
+	idx, err := s.lookup(model, tenant)
 	if err != nil {
 		fail(w, status(err), err)
 		return
 	}
 	start := time.Now()
-	res, err := idx.pool.FindMatches(q.BlockHashes)
+	res, blocks, err := match(idx)
 	if err != nil {
 		fail(w, http.StatusServiceUnavailable, err)
 		return
 	}
 	out := scores(res, idx.blockSize)
-	s.metrics.observeQuery("query_by_hash", q.ModelName+":"+tenantOr(q.TenantID), start, len(q.BlockHashes), out, idx.blockSize)
+	s.metrics.observeQuery(endpoint, model+":"+tenantOr(tenant), start, blocks, out, idx.blockSize)
 	reply(w, http.StatusOK, out)
 }
 

@@ -67,15 +67,11 @@ func (p *clusterPolicy) inject(i int) error {
 // stream the bus re-creates; the reference starts clean too, so replicas
 // and reference are compared on what the stream holds from then on.
 func (p *clusterPolicy) loseStream() error {
-	nc, err := nats.Connect(p.url)
+	js, closeJS, err := p.outsider()
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer closeJS()
 	if err := js.DeleteStream(p.ctx, p.stream); err != nil {
 		return err
 	}
@@ -139,18 +135,29 @@ func (p *clusterPolicy) hostile() error {
 	return nc.Flush()
 }
 
+// outsider is a JetStream client of the server's own, with its token: a
+// hostile local process, or the fault a lost disk would be.
+func (p *clusterPolicy) outsider() (jetstream.JetStream, func(), error) {
+	nc, err := nats.Connect(p.url)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return js, nc.Close, nil
+}
+
 // corruptSnapshot flips a byte of the stored snapshot, as a disk or a
 // hostile client might.
 func (p *clusterPolicy) corruptSnapshot() error {
-	nc, err := nats.Connect(p.url)
+	js, closeJS, err := p.outsider()
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer closeJS()
 	store, err := js.ObjectStore(p.ctx, p.bucket)
 	if err != nil {
 		return err

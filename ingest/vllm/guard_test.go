@@ -172,10 +172,7 @@ func TestSilentPeersDoNotHang(t *testing.T) {
 	// Either the first batch the subscriber sees is already a gap (those
 	// before the subscription), or it connected in time and a batch
 	// dropped on the wire makes one.
-	waitFor(t, "the subscription", func() bool {
-		pub.Publish(nil)
-		return sub.Received()[0] > 0 || sub.Stats().GapsFound > 0
-	})
+	waitSubscribed(t, pub, sub)
 	if sub.Stats().GapsFound == 0 {
 		pub.DropLive = func(uint64) bool { return true }
 		pub.Publish([]Event{storedEvent(1)})
@@ -426,10 +423,7 @@ func TestSilentReplayPeerCostsReplayIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Close()
-	waitFor(t, "the subscription", func() bool {
-		pub.Publish(nil)
-		return sub.Received()[0] > 0 || sub.Stats().GapsFound > 0
-	})
+	waitSubscribed(t, pub, sub)
 	pub.DropLive = func(uint64) bool { return true }
 	pub.Publish([]Event{storedEvent(1)})
 	pub.DropLive = nil
@@ -506,10 +500,7 @@ func TestSlowSubscriberIsCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Close()
-	waitFor(t, "the subscription", func() bool {
-		pub.Publish(nil)
-		return sub.Received()[0] > 0 || sub.Stats().GapsFound > 0
-	})
+	waitSubscribed(t, pub, sub)
 	batch := make([]Event, 100)
 	for i := range batch {
 		batch[i] = storedEvent(uint64(i + 1))
@@ -606,4 +597,14 @@ func TestResumeAt(t *testing.T) {
 		}
 		sub.Close()
 	}
+}
+
+// waitSubscribed publishes empty batches until sub has seen one of them (or
+// the gap their sequence numbers open), so that later publishes reach it.
+func waitSubscribed(t *testing.T, pub *Publisher, sub *Subscriber) {
+	t.Helper()
+	waitFor(t, "the subscription", func() bool {
+		pub.Publish(nil)
+		return sub.Received()[0] > 0 || sub.Stats().GapsFound > 0
+	})
 }
