@@ -439,6 +439,12 @@ type stallTransport struct{ inner transport.Transport }
 
 const stallAfter = 4096
 
+// registerStall registers the stalling transport once per process: zmq4
+// refuses a second registration, and -count runs the test again.
+var registerStall = sync.OnceValue(func() error {
+	return zmq4.RegisterTransport("kvradix-stall", stallTransport{transport.New("tcp")})
+})
+
 func (s stallTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
 	c, err := s.inner.Dial(ctx, d, addr)
 	if err != nil {
@@ -479,7 +485,7 @@ func (c *stallConn) Close() error {
 // healthy subscriber back no longer: it receives every batch (it stalled
 // at 20,045 of 23,000 while the send queue grew), and the cut is counted.
 func TestSlowSubscriberIsCut(t *testing.T) {
-	if err := zmq4.RegisterTransport("kvradix-stall", stallTransport{transport.New("tcp")}); err != nil {
+	if err := registerStall(); err != nil {
 		t.Fatal(err)
 	}
 	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m", SlowAfter: 200 * time.Millisecond})
