@@ -33,13 +33,34 @@ type RouteRequest struct {
 	RequestID   string   `json:"request_id,omitempty"` // the caller's; a new UUID if empty
 }
 
-// RouteAnswer is POST /route's answer.
+// RouteAnswer is POST /route's answer: the chosen instance and rank, its
+// cost terms, and every candidate's, so a caller can see why.
 type RouteAnswer struct {
-	InstanceID    uint64 `json:"instance_id"`
-	DPRank        int    `json:"dp_rank"`
-	OverlapBlocks uint32 `json:"overlap_blocks"`
-	RequestID     string `json:"request_id"`
-	PromptBlocks  int    `json:"prompt_blocks"`
+	Candidate           // the chosen instance and rank, and its terms
+	RequestID    string `json:"request_id"`
+	PromptBlocks int    `json:"prompt_blocks"`
+	// OverlapWeight is the scheduler's weight of prefill in the cost.
+	OverlapWeight float64     `json:"overlap_weight"`
+	Candidates    []Candidate `json:"candidates"` // by instance and rank
+}
+
+// Candidate is one (instance, rank)'s terms in a routing decision, as the
+// scheduler weighed them before admitting the request:
+//
+//	cost = overlap_weight · prefill_tokens / block_size + decode_blocks
+//
+// prefill_tokens being the instance's active prefill plus the request's
+// uncached tokens there, decode_blocks its active blocks plus the
+// request's new ones (router.Scheduler). The lowest cost wins, ties broken
+// at random.
+type Candidate struct {
+	InstanceID     uint64  `json:"instance_id"`
+	DPRank         int     `json:"dp_rank"`
+	OverlapBlocks  uint32  `json:"overlap_blocks"`
+	PrefillTokens  int     `json:"prefill_tokens"`
+	DecodeBlocks   int     `json:"decode_blocks"`
+	ActiveRequests int     `json:"active_requests"`
+	Cost           float64 `json:"cost"`
 }
 
 // modelRouter is one model's scheduler over its registered instances,
@@ -81,7 +102,7 @@ func (m *modelRouter) scheduler(ws []kvevent.Worker, blockSize int) (*router.Sch
 	if m.sched != nil && slicesEqual(ws, m.workers) {
 		return m.sched, nil
 	}
-	sched, err := router.NewScheduler(router.SchedulerConfig{BlockSize: blockSize, OverlapWeight: router.DefaultOverlapWeight,
+	sched, err := router.NewScheduler(router.SchedulerConfig{BlockSize: blockSize, OverlapWeight: routeWeight,
 		MaxBatchedTokens: 8192, TrackPrefillTokens: true}, ws)
 	if err != nil {
 		return nil, err
@@ -99,24 +120,36 @@ func (m *modelRouter) scheduler(ws []kvevent.Worker, blockSize int) (*router.Sch
 	return sched, nil
 }
 
-// admit schedules a request and records it in flight.
-func (m *modelRouter) admit(ws []kvevent.Worker, blockSize int, id string, isl int, local []uint64, overlaps map[kvevent.Worker]uint32, ttl time.Duration) (kvevent.Worker, error) {
+// admit schedules a request and records it in flight; it returns the
+// chosen worker and every candidate's terms (m.mu holds the scheduler
+// still between weighing them and deciding).
+func (m *modelRouter) admit(ws []kvevent.Worker, blockSize int, id string, isl int, local []uint64, overlaps map[kvevent.Worker]uint32, ttl time.Duration) (kvevent.Worker, []Candidate, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sched, err := m.scheduler(ws, blockSize)
 	if err != nil {
-		return kvevent.Worker{}, err
+		return kvevent.Worker{}, nil, err
 	}
 	req := router.SchedRequest{ID: uuid.New(), ISL: isl, Blocks: hashing.SequenceHashes(nil, local), Overlaps: overlaps}
+	loads := sched.PotentialLoads(req)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	wk, err := sched.Schedule(ctx, req)
 	if err != nil {
-		return kvevent.Worker{}, err
+		return kvevent.Worker{}, nil, err
 	}
 	m.reqs[id] = &routed{id: req.ID, admit: req, worker: wk, deadline: time.Now().Add(ttl)}
-	return wk, nil
+	cands := make([]Candidate, len(loads))
+	for i, l := range loads {
+		cands[i] = Candidate{InstanceID: uint64(l.Worker.ID), DPRank: int(l.Worker.DPRank), OverlapBlocks: overlaps[l.Worker],
+			PrefillTokens: l.PrefillTokens, DecodeBlocks: l.DecodeBlocks, ActiveRequests: l.ActiveRequests,
+			Cost: routeWeight*float64(l.PrefillTokens)/float64(blockSize) + float64(l.DecodeBlocks)}
+	}
+	return wk, cands, nil
 }
+
+// routeWeight is the routes' overlap weight (router.DefaultOverlapWeight).
+const routeWeight = router.DefaultOverlapWeight
 
 func slicesEqual(a, b []kvevent.Worker) bool {
 	if len(a) != len(b) {
@@ -178,7 +211,7 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 	}
 	s.routes[q.RequestID] = m
 	s.mu.Unlock()
-	wk, err := m.admit(ws, idx.blockSize, q.RequestID, isl, local, scores.Scores, s.cfg.RequestTTL)
+	wk, cands, err := m.admit(ws, idx.blockSize, q.RequestID, isl, local, scores.Scores, s.cfg.RequestTTL)
 	if err != nil {
 		s.mu.Lock()
 		delete(s.routes, q.RequestID)
@@ -186,8 +219,13 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusServiceUnavailable, err)
 		return
 	}
-	reply(w, http.StatusOK, RouteAnswer{InstanceID: uint64(wk.ID), DPRank: int(wk.DPRank), OverlapBlocks: scores.Scores[wk],
-		RequestID: q.RequestID, PromptBlocks: len(local)})
+	a := RouteAnswer{RequestID: q.RequestID, PromptBlocks: len(local), OverlapWeight: routeWeight, Candidates: cands}
+	for _, c := range cands {
+		if c.InstanceID == uint64(wk.ID) && c.DPRank == int(wk.DPRank) {
+			a.Candidate = c
+		}
+	}
+	reply(w, http.StatusOK, a)
 }
 
 // release handles /requests/{id}/first_token and /complete.

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -367,6 +368,15 @@ func TestRoute(t *testing.T) {
 	var a serve.RouteAnswer
 	if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m"}, &a); code != http.StatusOK || a.InstanceID != 2 || a.OverlapBlocks != 3 || a.RequestID == "" {
 		t.Fatalf("route: %d %+v", code, a)
+	}
+	// The cost terms: instance 2 must prefill the 2 tokens past its 3
+	// blocks, instance 1 the whole prompt; each adds 3 decode blocks.
+	want := []serve.Candidate{
+		{InstanceID: 1, PrefillTokens: 3*bs + 2, DecodeBlocks: 3, Cost: 8*float64(3*bs+2)/bs + 3},
+		{InstanceID: 2, OverlapBlocks: 3, PrefillTokens: 2, DecodeBlocks: 3, Cost: 8*2.0/bs + 3},
+	}
+	if !reflect.DeepEqual(a.Candidates, want) || a.Candidate != want[1] || a.OverlapWeight != 8 || a.PromptBlocks != 3 {
+		t.Fatalf("route's terms: %+v, want chosen %+v of %+v", a, want[1], want)
 	}
 	for _, step := range []struct {
 		path string
