@@ -3,6 +3,7 @@ package vllm
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"runtime"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
+	"github.com/kvradix/kvradix/radix/holdings"
 	"github.com/kvradix/kvradix/shardpool"
 )
 
@@ -613,4 +615,47 @@ func waitSubscribed(t *testing.T, pub *Publisher, sub *Subscriber) {
 		pub.Publish(nil)
 		return sub.Received()[0] > 0 || sub.Stats().GapsFound > 0
 	})
+}
+
+// Pause stops applying between messages until resumed: the positions and
+// the index stay a consistent cut while the engine goes on publishing; a
+// second Pause meanwhile gives up with its context, leaving nothing held;
+// after resume everything published is applied.
+func TestPause(t *testing.T) {
+	want := radix.NewTree()
+	e, pool, sub := connectedEngine(t)
+	e.publish(t, 20, want)
+	settle(t, sub, e)
+	resume, err := sub.Pause(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := sub.Received()[0]
+	if _, err := pool.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	held, err := holdings.Of(pool.Index())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, 20, want)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := sub.Pause(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a second Pause while paused: %v, want the deadline", err)
+	}
+	// The 20 batches had 100 ms to arrive: none may have been applied.
+	if _, err := pool.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got := sub.Received()[0]; got != at {
+		t.Fatalf("paused at %d, then at %d", at, got)
+	}
+	if d := held.DiffIndex(pool.Index()); d != "" {
+		t.Fatalf("the index changed while paused: %s", d)
+	}
+	resume()
+	resume() // once only: a second call is harmless
+	settle(t, sub, e)
+	sameIndex(t, pool.Index(), want)
 }

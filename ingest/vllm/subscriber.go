@@ -155,8 +155,9 @@ type endpoint struct {
 	conv    *Converter
 	msgs    chan zmq4.Msg
 	flushes chan chan struct{}
-	stopped chan struct{} // closed when the processing goroutine ends
-	queue   byteBudget    // bytes in msgs
+	holds   chan chan struct{} // Pause: stop until the channel closes
+	stopped chan struct{}      // closed when the processing goroutine ends
+	queue   byteBudget         // bytes in msgs
 
 	// owned by the endpoint's processing goroutine
 	expected uint64
@@ -208,7 +209,7 @@ func NewSubscriber(idx shardpool.Indexer, cfg SubscriberConfig, eps ...Endpoint)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Subscriber{idx: idx, cfg: cfg, ctx: ctx, cancel: cancel, guard: g, replayGuard: rg}
 	for _, ep := range eps {
-		e := &endpoint{cfg: ep, conv: NewConverter(ep.Worker, cfg.BlockSize), msgs: make(chan zmq4.Msg, 1<<12), flushes: make(chan chan struct{}), stopped: make(chan struct{})}
+		e := &endpoint{cfg: ep, conv: NewConverter(ep.Worker, cfg.BlockSize), msgs: make(chan zmq4.Msg, 1<<12), flushes: make(chan chan struct{}), holds: make(chan chan struct{}), stopped: make(chan struct{})}
 		if ep.ResumeAt > 0 {
 			e.expected, e.resuming = ep.ResumeAt, true
 			e.lastSeq.Store(ep.ResumeAt)
@@ -346,8 +347,39 @@ func (s *Subscriber) process(e *endpoint) {
 				}
 			}
 			close(done)
+		case release := <-e.holds:
+			select {
+			case <-release:
+			case <-s.ctx.Done():
+			}
 		}
 	}
+}
+
+// Pause stops applying, between two messages of every endpoint (a gap
+// being repaired is repaired first), until resume is called: the
+// subscriber's positions (Received) then stand for exactly the batches it
+// handed to the indexer, so that the indexer, once flushed, and the
+// positions are a consistent cut to save. Messages go on being received
+// and queued, within MaxQueueBytes, meanwhile. If ctx ends before every
+// endpoint has stopped, nothing stays paused and ctx's error is returned.
+// Call resume exactly once; Close also ends a pause.
+func (s *Subscriber) Pause(ctx context.Context) (resume func(), err error) {
+	release := make(chan struct{})
+	resume = sync.OnceFunc(func() { close(release) })
+	for _, e := range s.eps {
+		select {
+		case e.holds <- release: // taken between two messages
+		case <-e.stopped: // its socket ended: it applies nothing more
+		case <-s.ctx.Done():
+			resume()
+			return nil, ErrClosed
+		case <-ctx.Done():
+			resume()
+			return nil, ctx.Err()
+		}
+	}
+	return resume, nil
 }
 
 // handle applies one live message, repairing gaps first. A sequence far
