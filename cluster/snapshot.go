@@ -59,18 +59,18 @@ type snapHeader struct {
 	bodyLen   uint64
 }
 
-// encodeSnapshot returns the snapshot of body (events binary events) with
-// its header.
-func encodeSnapshot(h snapHeader, body []byte) []byte {
-	b := make([]byte, 0, snapHeaderLen+len(body))
-	b = append(b, snapshotMagic...)
+// putSnapHeader fills the header of snap, whose first snapHeaderLen bytes
+// are reserved for it and the rest is the body, and returns snap.
+func putSnapHeader(snap []byte, h snapHeader) []byte {
+	body := snap[snapHeaderLen:]
+	b := append(snap[:0], snapshotMagic...)
 	b = binary.BigEndian.AppendUint64(b, h.seq)
 	b = binary.BigEndian.AppendUint32(b, h.blockSize)
 	b = binary.BigEndian.AppendUint64(b, h.events)
 	b = binary.BigEndian.AppendUint64(b, h.pairs)
 	b = binary.BigEndian.AppendUint64(b, uint64(len(body)))
-	b = binary.BigEndian.AppendUint64(b, snapChecksum(b, body))
-	return append(b, body...)
+	binary.BigEndian.AppendUint64(b, snapChecksum(b, body))
+	return snap
 }
 
 // snapChecksum is XXH3-64 of the header (without its checksum) and body.
@@ -205,14 +205,7 @@ func (r *Replica) Snapshot(ctx context.Context, idx radix.Index) (uint64, error)
 		return 0, err
 	}
 	seq := r.seq.Load()
-	var body []byte
-	events := uint64(0)
-	radix.DumpEach(idx, func(ev kvevent.RouterEvent) {
-		body = appendSnapEvent(body, ev)
-		events++
-	})
-	h := snapHeader{seq: seq, blockSize: uint32(r.idx.BlockSize()), events: events, pairs: uint64(idx.Size())}
-	if _, err := r.b.snaps.PutBytes(ctx, snapshotName, encodeSnapshot(h, body)); err != nil {
+	if _, err := r.b.snaps.PutBytes(ctx, snapshotName, EncodeSnapshot(idx, seq, r.idx.BlockSize())); err != nil {
 		return 0, fmt.Errorf("cluster: snapshot at %d: %w", seq, err)
 	}
 	r.snap.Store(seq)
@@ -264,14 +257,22 @@ func (b *Bus) Restore(ctx context.Context, idx shardpool.Indexer) (uint64, error
 // snapshotMagic), at stream sequence seq: for a store of its own, such as
 // the service's state directory.
 func EncodeSnapshot(idx radix.Index, seq uint64, blockSize int) []byte {
-	var body []byte
+	pairs := idx.Size()
+	// A dump is mostly one single-block Stored event a pair: sized for
+	// those, the body is written once, not copied as it grows, and the
+	// header is filled in front of it.
+	b := make([]byte, snapHeaderLen, snapHeaderLen+storedEventLen*pairs*9/8)
 	events := uint64(0)
 	radix.DumpEach(idx, func(ev kvevent.RouterEvent) {
-		body = appendSnapEvent(body, ev)
+		b = appendSnapEvent(b, ev)
 		events++
 	})
-	return encodeSnapshot(snapHeader{seq: seq, blockSize: uint32(blockSize), events: events, pairs: uint64(idx.Size())}, body)
+	return putSnapHeader(b, snapHeader{seq: seq, blockSize: uint32(blockSize), events: events, pairs: uint64(pairs)})
 }
+
+// storedEventLen is the bytes of a single-block Stored event in a
+// snapshot (appendSnapEvent).
+const storedEventLen = 1 + 8 + 4 + 1 + 8 + 4 + 16
 
 // DecodeSnapshot checks a snapshot whole (ErrCorruptSnapshot), then hands
 // its events, in order, to apply; it returns the stream sequence and the

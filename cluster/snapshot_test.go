@@ -233,3 +233,8 @@ func internalBus(t *testing.T) (context.Context, *Bus) {
 	t.Cleanup(bus.Close)
 	return ctx, bus
 }
+
+// encodeSnapshot is the snapshot of body with header h.
+func encodeSnapshot(h snapHeader, body []byte) []byte {
+	return putSnapHeader(append(make([]byte, snapHeaderLen), body...), h)
+}

@@ -19,6 +19,8 @@ func IndexForTest(s *Service, model string, blockSize int) interface {
 	ApplyEvent(kvevent.RouterEvent) error
 	Flush() (int, error)
 } {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := modelKey{model, DefaultTenant}

@@ -20,6 +20,9 @@ type metrics struct {
 	requested *prometheus.CounterVec   // blocks asked for, by model
 	matched   *prometheus.CounterVec   // of those, held by the best instance
 	decisions *prometheus.CounterVec   // queries whose best instance this is
+	saves     *prometheus.CounterVec   // state saves, by result
+	saveTime  prometheus.Histogram
+	lastSave  prometheus.Gauge // when the last good save ended
 	s         *Service
 }
 
@@ -49,9 +52,15 @@ func newMetrics(s *Service) *metrics {
 		matched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvradix_query_blocks_matched_total",
 			Help: "Blocks the best-matching instance held, by model: over kvradix_query_blocks_requested_total, the predicted hit rate."}, []string{"model"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvradix_query_best_instance_total", Help: "Queries whose longest match was this instance's, by model."}, []string{"model", "instance"}),
-		s:         s,
+		saves:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvradix_state_saves_total", Help: "Saves of the state (-state), by result."}, []string{"result"}),
+		saveTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvradix_state_save_duration_seconds", Help: "Time to save the state, subscribers paused.",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 10)}),
+		lastSave: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvradix_state_last_save_timestamp_seconds", Help: "When the last good save of the state ended, in Unix seconds."}),
+		s:        s,
 	}
-	m.registry.MustRegister(m, m.queryTime, m.requested, m.matched, m.decisions,
+	m.saves.WithLabelValues("ok")
+	m.saves.WithLabelValues("failed")
+	m.registry.MustRegister(m, m.queryTime, m.requested, m.matched, m.decisions, m.saves, m.saveTime, m.lastSave,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -72,6 +81,18 @@ func (m *metrics) observeQuery(endpoint, model string, start time.Time, blocks i
 	if bestID != "" {
 		m.decisions.WithLabelValues(model, bestID).Inc()
 	}
+}
+
+// observeSave records one save of the state, started at start, that
+// ended with *err (deferred).
+func (m *metrics) observeSave(start time.Time, err *error) {
+	if *err != nil {
+		m.saves.WithLabelValues("failed").Inc()
+		return
+	}
+	m.saves.WithLabelValues("ok").Inc()
+	m.saveTime.Observe(time.Since(start).Seconds())
+	m.lastSave.SetToCurrentTime()
 }
 
 func (m *metrics) handler() http.Handler {

@@ -260,13 +260,13 @@ func (s *Service) release(complete bool) http.HandlerFunc {
 	}
 }
 
-// expire frees the requests past their TTL, every second, until stop.
-func (s *Service) expire(stop <-chan struct{}) {
+// expire frees the requests past their TTL, every second, until Close.
+func (s *Service) expire() {
 	t := time.NewTicker(min(time.Second, s.cfg.RequestTTL/2))
 	defer t.Stop()
 	for {
 		select {
-		case <-stop:
+		case <-s.ctx.Done():
 			return
 		case now := <-t.C:
 			s.mu.Lock()

@@ -30,6 +30,7 @@
 package serve
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sort"
@@ -53,6 +54,12 @@ type Config struct {
 	// StateDir, if set, is where Close saves the registry and every index,
 	// and Recover reads them back (see Recover).
 	StateDir string
+	// SaveEvery, with StateDir, also saves the state this often while
+	// serving (see Save); 0 saves on Close only.
+	SaveEvery time.Duration
+	// OnSaveError, if set, hears the periodic saves' errors (a failed save
+	// leaves the previous one in place, and the next tick tries again).
+	OnSaveError func(error)
 	// Token, if set, is the bearer token /register and /unregister require
 	// (Authorization: Bearer <token>); queries stay open.
 	Token string
@@ -112,23 +119,34 @@ type instance struct {
 type Service struct {
 	cfg     Config
 	metrics *metrics
+	ctx     context.Context // ends at Close: stops the background work
+	cancel  context.CancelFunc
+	bg      sync.WaitGroup // expire and the periodic saves
+
+	// regMu serialises the registry's changes, the saves and Close; it is
+	// taken before mu. The maps are written holding both, and read holding
+	// either.
+	regMu sync.Mutex
+	gen   uint64 // the last saved state's generation (regMu)
 
 	mu        sync.Mutex
 	indexes   map[modelKey]*index
 	instances map[instanceKey]*instance
 	routes    map[string]*modelRouter // requests in flight, by request id
 	closed    bool
-	stop      chan struct{} // stops expire
-	expiring  sync.WaitGroup
 }
 
 // New returns an empty service.
 func New(cfg Config) *Service {
 	cfg.defaults()
 	s := &Service{cfg: cfg, indexes: map[modelKey]*index{}, instances: map[instanceKey]*instance{},
-		routes: map[string]*modelRouter{}, stop: make(chan struct{})}
+		routes: map[string]*modelRouter{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.metrics = newMetrics(s)
-	s.expiring.Go(func() { s.expire(s.stop) })
+	s.bg.Go(s.expire)
+	if cfg.StateDir != "" && cfg.SaveEvery > 0 {
+		s.bg.Go(s.saveEvery)
+	}
 	return s
 }
 
@@ -153,17 +171,11 @@ func (s *Service) subscribe(r Registration, resumeAt uint64) error {
 		r.TenantID = DefaultTenant
 	}
 	key := instanceKey{modelKey{r.ModelName, r.TenantID}, kvevent.WorkerID(r.InstanceID), r.DPRank}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return errors.New("service closed")
-	}
-	if _, ok := s.instances[key]; ok {
-		return fmt.Errorf("%w: instance %d rank %d of %s:%s is registered already", ErrConflict, r.InstanceID, r.DPRank, r.ModelName, r.TenantID)
-	}
-	idx := s.indexes[key.modelKey]
-	if idx != nil && idx.blockSize != r.BlockSize {
-		return fmt.Errorf("%w: block_size %d, model %s:%s has %d", ErrConflict, r.BlockSize, r.ModelName, r.TenantID, idx.blockSize)
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	idx, err := s.admissible(key, r.BlockSize)
+	if err != nil {
+		return err
 	}
 	created := idx == nil
 	if created {
@@ -178,9 +190,29 @@ func (s *Service) subscribe(r Registration, resumeAt uint64) error {
 		}
 		return fmt.Errorf("%w: %v", ErrUnreachable, err)
 	}
+	s.mu.Lock()
 	s.indexes[key.modelKey] = idx
 	s.instances[key] = &instance{reg: r, sub: sub}
+	s.mu.Unlock()
 	return nil
+}
+
+// admissible says whether an instance may be registered with the block
+// size, and returns its model's index if there is one yet.
+func (s *Service) admissible(key instanceKey, blockSize int) (*index, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errors.New("service closed")
+	}
+	if _, ok := s.instances[key]; ok {
+		return nil, fmt.Errorf("%w: instance %d rank %d of %s:%s is registered already", ErrConflict, key.instance, key.rank, key.model, key.tenant)
+	}
+	idx := s.indexes[key.modelKey]
+	if idx != nil && idx.blockSize != blockSize {
+		return nil, fmt.Errorf("%w: block_size %d, model %s:%s has %d", ErrConflict, blockSize, key.model, key.tenant, idx.blockSize)
+	}
+	return idx, nil
 }
 
 // Unregistration is a POST /unregister body: no tenant means every
@@ -194,28 +226,36 @@ type Unregistration struct {
 
 // Unregister stops following the instance and drops its blocks.
 func (s *Service) Unregister(u Unregistration) error {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	type leaving struct {
+		key  instanceKey
+		inst *instance
+		idx  *index
+	}
+	var gone []leaving
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
 	for key, inst := range s.instances {
 		if key.model != u.ModelName || key.instance != kvevent.WorkerID(u.InstanceID) ||
 			(u.TenantID != "" && key.tenant != u.TenantID) || (u.DPRank != nil && key.rank != *u.DPRank) {
 			continue
 		}
-		_ = inst.sub.Close()
 		delete(s.instances, key)
-		// The rank's blocks leave: a Cleared event of that rank, after
-		// whatever its subscriber queued.
-		idx := s.indexes[key.modelKey]
-		if err := idx.pool.ApplyEvent(kvevent.RouterEvent{WorkerID: key.instance, Event: kvevent.Event{DPRank: kvevent.DPRank(key.rank), Data: kvevent.Cleared{}}}); err != nil {
-			return err
-		}
-		n++
+		gone = append(gone, leaving{key, inst, s.indexes[key.modelKey]})
 	}
-	if n == 0 {
+	s.mu.Unlock()
+	if len(gone) == 0 {
 		return fmt.Errorf("%w: no instance %d of model %q", ErrUnknownModel, u.InstanceID, u.ModelName)
 	}
-	return nil
+	var err error
+	for _, g := range gone {
+		_ = g.inst.sub.Close()
+		// The rank's blocks leave: a Cleared event of that rank, after
+		// whatever its subscriber queued.
+		err = errors.Join(err, g.idx.pool.ApplyEvent(kvevent.RouterEvent{WorkerID: g.key.instance,
+			Event: kvevent.Event{DPRank: kvevent.DPRank(g.key.rank), Data: kvevent.Cleared{}}}))
+	}
+	return err
 }
 
 // Worker is one instance in GET /workers.
@@ -278,11 +318,11 @@ func (s *Service) Close() error {
 		return nil
 	}
 	s.closed = true
-	close(s.stop)
 	s.mu.Unlock()
-	s.expiring.Wait()
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.cancel()
+	s.bg.Wait()
+	s.regMu.Lock() // no registration comes after: closed
+	defer s.regMu.Unlock()
 	var err error
 	resumeAt := map[instanceKey]uint64{}
 	for k, inst := range s.instances {
@@ -290,10 +330,25 @@ func (s *Service) Close() error {
 		resumeAt[k] = resumePoint(inst)
 	}
 	if s.cfg.StateDir != "" {
-		err = errors.Join(err, s.save(resumeAt))
+		err = errors.Join(err, s.saveClosed(resumeAt))
 	}
 	for _, idx := range s.indexes {
 		err = errors.Join(err, idx.pool.Close())
 	}
 	return err
+}
+
+// saveClosed saves the state once the subscribers are closed (regMu
+// held).
+func (s *Service) saveClosed(resumeAt map[instanceKey]uint64) (err error) {
+	defer s.metrics.observeSave(time.Now(), &err)
+	snaps := map[modelKey][]byte{}
+	for k, idx := range s.indexes {
+		snap, err := encodeIndex(idx)
+		if err != nil {
+			return err
+		}
+		snaps[k] = snap
+	}
+	return s.write(snaps, resumeAt)
 }

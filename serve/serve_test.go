@@ -232,57 +232,25 @@ func dumpHoldings(t *testing.T, url string) holdings.Set {
 // is refused, and the service starts empty, saying why.
 func TestRestartRecovers(t *testing.T) {
 	dir := t.TempDir()
-	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+	e := newEngine(t, 7)
+	svc, ts, _, err := startIn(dir, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pub.Close()
-	gen := vllm.NewSynthEngine(1, bs, 4, 0.3)
-	conv := vllm.NewConverter(7, bs)
-	want := holdings.Set{}
-	publish := func(n int) {
-		for range n {
-			evs := []vllm.Event{gen.Step(), gen.Step()}
-			for _, ev := range conv.Convert(nil, &vllm.Batch{Events: evs}) {
-				_ = want.Apply(ev)
-			}
-			if _, err := pub.Publish(evs); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	start := func() (*serve.Service, *httptest.Server, serve.Recovered, error) {
-		svc := serve.New(serve.Config{StateDir: dir})
-		rec, err := svc.Recover()
-		return svc, httptest.NewServer(svc.Handler()), rec, err
-	}
-
-	svc, ts, _, err := start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := svc.Register(serve.Registration{InstanceID: 7, Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr(), ModelName: "m", BlockSize: bs}); err != nil {
-		t.Fatal(err)
-	}
-	publish(20)
-	waitFor(t, "the first service to index every batch", func() bool {
-		pub.Publish(nil) // a live message: the subscriber repairs what it missed
-		return dumpHoldings(t, ts.URL).Diff(want) == ""
-	})
+	e.register(t, svc)
+	e.publish(t, 20)
+	e.caughtUp(t, ts.URL, "the first service to index every batch")
 	ts.Close()
 	if err := svc.Close(); err != nil {
 		t.Fatal(err)
 	}
 
-	publish(10) // while no service runs
-	svc, ts, rec, err := start()
+	e.publish(t, 10) // while no service runs
+	svc, ts, rec, err := startIn(dir, 0)
 	if err != nil || rec.Indexes != 1 || rec.Instances != 1 || rec.Pairs == 0 || len(rec.Failed) != 0 {
 		t.Fatalf("recovered %+v (%v)", rec, err)
 	}
-	waitFor(t, "the restarted service to catch up", func() bool {
-		pub.Publish(nil)
-		return dumpHoldings(t, ts.URL).Diff(want) == ""
-	})
+	e.caughtUp(t, ts.URL, "the restarted service to catch up")
 	// It resumed where the first stood: it replayed the batches published
 	// while it was down (and the empty ones), not the engine's whole ring.
 	if n := metric(t, ts.URL, `kvradix_subscriber_replayed_batches_total{dp_rank="0",instance="7"}`); n < 10 || n > 25 {
@@ -293,7 +261,11 @@ func TestRestartRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	snap := filepath.Join(dir, "index-0.snap")
+	snaps, _ := filepath.Glob(filepath.Join(dir, "index-*.snap"))
+	if len(snaps) != 1 {
+		t.Fatalf("state holds snapshots %v, want the last generation's one", snaps)
+	}
+	snap := snaps[0]
 	data, err := os.ReadFile(snap)
 	if err != nil {
 		t.Fatal(err)
@@ -302,17 +274,156 @@ func TestRestartRecovers(t *testing.T) {
 	if err := os.WriteFile(snap, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	svc, ts, rec, err = start()
+	svc, ts, rec, err = startIn(dir, 0)
 	refused := err != nil && strings.Contains(err.Error(), "corrupt") && rec.Indexes == 0
 	defer svc.Close() // a refused state leaves a working, empty service
 	defer ts.Close()
 	if !refused {
 		t.Fatalf("a damaged snapshot: recovered %+v (%v), want it refused as corrupt", rec, err)
 	}
-	var e map[string]string
-	if code := post(t, ts.URL+"/query", serve.Query{TokenIDs: tokens(bs, 1), ModelName: "m"}, &e); code != http.StatusNotFound {
-		t.Fatalf("the refused state left model m behind: %d %v", code, e)
+	var msg map[string]string
+	if code := post(t, ts.URL+"/query", serve.Query{TokenIDs: tokens(bs, 1), ModelName: "m"}, &msg); code != http.StatusNotFound {
+		t.Fatalf("the refused state left model m behind: %d %v", code, msg)
 	}
+}
+
+// engine is a vLLM-compatible publisher, and the reference of what it
+// published.
+type engine struct {
+	id   uint64
+	pub  *vllm.Publisher
+	gen  *vllm.SynthEngine
+	conv *vllm.Converter
+	mu   sync.Mutex
+	want holdings.Set
+}
+
+func newEngine(t *testing.T, id uint64) *engine {
+	t.Helper()
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	return &engine{id: id, pub: pub, gen: vllm.NewSynthEngine(id, bs, 4, 0.3), conv: vllm.NewConverter(kvevent.WorkerID(id), bs), want: holdings.Set{}}
+}
+
+func (e *engine) register(t *testing.T, svc *serve.Service) {
+	t.Helper()
+	if err := svc.Register(serve.Registration{InstanceID: e.id, Endpoint: e.pub.Addr(), ReplayEndpoint: e.pub.ReplayAddr(), ModelName: "m", BlockSize: bs}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// publish publishes n batches of two events (safe for concurrent use with
+// caughtUp).
+func (e *engine) publish(t *testing.T, n int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for range n {
+		evs := []vllm.Event{e.gen.Step(), e.gen.Step()}
+		for _, ev := range e.conv.Convert(nil, &vllm.Batch{Events: evs}) {
+			_ = e.want.Apply(ev)
+		}
+		if _, err := e.pub.Publish(evs); err != nil {
+			t.Error(err)
+			return
+		}
+	}
+}
+
+// caughtUp waits until the service's /dump holds what the engine
+// published, sending live messages so that the subscriber repairs what it
+// missed.
+func (e *engine) caughtUp(t *testing.T, url, what string) {
+	t.Helper()
+	waitFor(t, what, func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.pub.Publish(nil)
+		return dumpHoldings(t, url).Diff(e.want) == ""
+	})
+}
+
+// startIn starts a service on the state directory, recovering from it.
+func startIn(dir string, every time.Duration) (*serve.Service, *httptest.Server, serve.Recovered, error) {
+	svc := serve.New(serve.Config{StateDir: dir, SaveEvery: every})
+	rec, err := svc.Recover()
+	return svc, httptest.NewServer(svc.Handler()), rec, err
+}
+
+// The periodic saves, while the engine publishes, are consistent cuts: a
+// service that crashed after one (its directory copied at a moment between
+// two, the service never closed on the copy) recovers and ends equal to
+// everything published.
+func TestSaveWhileServing(t *testing.T) {
+	dir, crashed := t.TempDir(), t.TempDir()
+	e := newEngine(t, 3)
+	svc, ts, _, err := startIn(dir, 20*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	defer ts.Close()
+	e.register(t, svc)
+	e.publish(t, 5)
+	e.caughtUp(t, ts.URL, "the engine's first batches")
+	stop := make(chan struct{})
+	var publishing sync.WaitGroup
+	halt := sync.OnceFunc(func() { close(stop); publishing.Wait() })
+	defer halt()
+	publishing.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				e.publish(t, 1)
+			}
+		}
+	})
+	waitFor(t, "periodic saves while the engine publishes", func() bool {
+		return metric(t, ts.URL, `kvradix_state_saves_total{result="ok"}`) >= 3
+	})
+	copyState(t, dir, crashed) // what a crash now would leave
+	halt()
+
+	again, ts2, rec, err := startIn(crashed, 0)
+	if err != nil || rec.Instances != 1 || rec.Pairs == 0 {
+		t.Fatalf("recovered %+v (%v)", rec, err)
+	}
+	defer again.Close()
+	defer ts2.Close()
+	e.caughtUp(t, ts2.URL, "the service restarted from the mid-stream save to catch up")
+}
+
+// copyState copies the state directory's files as they stand, as a crash
+// would leave them: state.json, then the snapshots it names, again if a
+// newer save removed one meanwhile.
+func copyState(t *testing.T, from, to string) {
+	t.Helper()
+	waitFor(t, "a whole generation of the state to copy", func() bool {
+		data, err := os.ReadFile(filepath.Join(from, "state.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st struct{ Indexes []struct{ File string } }
+		if err := json.Unmarshal(data, &st); err != nil {
+			t.Fatal(err)
+		}
+		files := map[string][]byte{"state.json": data}
+		for _, ix := range st.Indexes {
+			if files[ix.File], err = os.ReadFile(filepath.Join(from, ix.File)); err != nil {
+				return false // replaced by the next generation: again
+			}
+		}
+		for name, b := range files {
+			if err := os.WriteFile(filepath.Join(to, name), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return true
+	})
 }
 
 // metric returns a sample's value from /metrics.

@@ -1,12 +1,15 @@
 package serve
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/kvradix/kvradix/cluster"
 	"github.com/kvradix/kvradix/shardpool"
@@ -14,18 +17,23 @@ import (
 
 // The state directory (Config.StateDir) holds stateFile, the registry and
 // where each engine's stream stood, and one snapshot per index in the
-// cluster package's checked format. It is written on Close, each file
-// atomically (a temporary file, fsync, rename, fsync of the directory), and
-// read by Recover.
+// cluster package's checked format. It is written on Close and every
+// Config.SaveEvery (Save), and read by Recover. Each save is a generation:
+// its snapshots are new files named by it, each written atomically (a
+// temporary file, fsync, rename, fsync of the directory), then stateFile is
+// replaced the same way, and only then are the previous generation's files
+// removed. A crash at any point leaves a stateFile naming one whole
+// generation.
 const (
 	stateFile    = "state.json"
 	stateVersion = 1
 )
 
 type savedState struct {
-	Version   int             `json:"version"`
-	Indexes   []savedIndex    `json:"indexes"`
-	Instances []savedInstance `json:"instances"`
+	Version    int             `json:"version"`
+	Generation uint64          `json:"generation"`
+	Indexes    []savedIndex    `json:"indexes"`
+	Instances  []savedInstance `json:"instances"`
 }
 
 type savedIndex struct {
@@ -94,11 +102,14 @@ func (s *Service) Recover() (Recovered, error) {
 		rec.Indexes++
 		rec.Pairs += idx.pool.Index().Size()
 	}
+	s.regMu.Lock()
 	s.mu.Lock()
 	for k, idx := range indexes {
 		s.indexes[k] = idx
 	}
+	s.gen = st.Generation
 	s.mu.Unlock()
+	s.regMu.Unlock()
 	for _, inst := range st.Instances {
 		if err := s.subscribe(inst.Registration, inst.ResumeAt); err != nil {
 			rec.Failed = append(rec.Failed, fmt.Sprintf("instance %d rank %d of %s: %v", inst.InstanceID, inst.DPRank, inst.ModelName, err))
@@ -130,24 +141,100 @@ func (s *Service) loadIndex(si savedIndex) (*index, error) {
 	return indexOver(pool, si.BlockSize), nil
 }
 
-// save writes the state (s.mu held, the subscribers closed, so that each
-// index and each engine's position agree).
-func (s *Service) save(resumeAt map[instanceKey]uint64) error {
+// Save writes the state to Config.StateDir now, while the service goes on
+// serving. Each index is cut in turn: its engines' subscribers are paused
+// between two batches (see vllm.Subscriber.Pause) while it is flushed and
+// encoded, so that the index and its engines' positions are one
+// consistent cut; queries go on meanwhile, and the engines' events wait in
+// the subscribers' queues. The files are written after every subscriber is
+// going again. Registrations wait for a save. If ctx ends before an
+// index's subscribers have paused (one repairing a gap, say), nothing is
+// written.
+func (s *Service) Save(ctx context.Context) (err error) {
+	if s.cfg.StateDir == "" {
+		return errors.New("serve: no state directory")
+	}
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return errors.New("serve: service closed") // Close saves
+	}
+	defer s.metrics.observeSave(time.Now(), &err)
+	snaps := map[modelKey][]byte{}
+	resumeAt := map[instanceKey]uint64{}
+	for k, idx := range s.indexes {
+		snap, err := s.cut(ctx, k, idx, resumeAt)
+		if err != nil {
+			return err
+		}
+		snaps[k] = snap
+	}
+	return s.write(snaps, resumeAt)
+}
+
+// cut pauses the subscribers of index k, records their positions in
+// resumeAt, and encodes the index, flushed (regMu held).
+func (s *Service) cut(ctx context.Context, k modelKey, idx *index, resumeAt map[instanceKey]uint64) ([]byte, error) {
+	for ik, inst := range s.instances {
+		if ik.modelKey != k {
+			continue
+		}
+		resume, err := inst.sub.Pause(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("serve: state: pausing instance %d rank %d of %s:%s: %w", ik.instance, ik.rank, k.model, k.tenant, err)
+		}
+		defer resume()
+		resumeAt[ik] = resumePoint(inst)
+	}
+	return encodeIndex(idx)
+}
+
+// encodeIndex flushes an index and returns its snapshot.
+func encodeIndex(idx *index) ([]byte, error) {
+	if _, err := idx.pool.Flush(); err != nil {
+		return nil, err
+	}
+	return cluster.EncodeSnapshot(idx.pool.Index(), 0, idx.blockSize), nil
+}
+
+// saveEvery saves the state every Config.SaveEvery until Close.
+func (s *Service) saveEvery() {
+	t := time.NewTicker(s.cfg.SaveEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(s.ctx, max(s.cfg.SaveEvery, 10*time.Second))
+			err := s.Save(ctx)
+			cancel()
+			if err != nil && s.ctx.Err() == nil && s.cfg.OnSaveError != nil {
+				s.cfg.OnSaveError(err)
+			}
+		}
+	}
+}
+
+// write writes a new generation of the state: the snapshots of the
+// indexes, then the registry with each engine's position, then removes the
+// files of the others (regMu held).
+func (s *Service) write(snaps map[modelKey][]byte, resumeAt map[instanceKey]uint64) error {
 	if err := os.MkdirAll(s.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("serve: state: %w", err)
 	}
-	st := savedState{Version: stateVersion}
-	n := 0
-	for k, idx := range s.indexes {
-		if _, err := idx.pool.Flush(); err != nil {
+	st := savedState{Version: stateVersion, Generation: s.gen + 1}
+	keep := map[string]bool{stateFile: true}
+	for k, snap := range snaps {
+		file := fmt.Sprintf("index-g%d-%d.snap", st.Generation, len(st.Indexes))
+		if err := writeAtomic(s.cfg.StateDir, file, snap); err != nil {
 			return err
 		}
-		file := fmt.Sprintf("index-%d.snap", n)
-		n++
-		if err := writeAtomic(s.cfg.StateDir, file, cluster.EncodeSnapshot(idx.pool.Index(), 0, idx.blockSize)); err != nil {
-			return err
-		}
-		st.Indexes = append(st.Indexes, savedIndex{Model: k.model, Tenant: k.tenant, BlockSize: idx.blockSize, File: file})
+		keep[file] = true
+		st.Indexes = append(st.Indexes, savedIndex{Model: k.model, Tenant: k.tenant, BlockSize: s.indexes[k].blockSize, File: file})
 	}
 	for k, inst := range s.instances {
 		st.Instances = append(st.Instances, savedInstance{Registration: inst.reg, ResumeAt: resumeAt[k]})
@@ -156,7 +243,24 @@ func (s *Service) save(resumeAt map[instanceKey]uint64) error {
 	if err != nil {
 		return err
 	}
-	return writeAtomic(s.cfg.StateDir, stateFile, data)
+	if err := writeAtomic(s.cfg.StateDir, stateFile, data); err != nil {
+		return err
+	}
+	s.gen = st.Generation
+	removeOthers(s.cfg.StateDir, keep)
+	return nil
+}
+
+// removeOthers removes the snapshots and temporary files of other
+// generations from dir (best effort: a file left is only space).
+func removeOthers(dir string, keep map[string]bool) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		name := e.Name()
+		if !keep[name] && (strings.HasPrefix(name, "index-") || strings.HasPrefix(name, stateFile+".tmp-")) {
+			os.Remove(filepath.Join(dir, name))
+		}
+	}
 }
 
 // writeAtomic replaces dir/name with data: a temporary file, fsync,

@@ -46,7 +46,8 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	maxBody := fs.Int64("max-body", 8<<20, "the largest request body, in bytes")
 	token := fs.String("token", "", "bearer token /register and /unregister require (none: open)")
 	ttl := fs.Duration("ttl", 10*time.Minute, "how long a routed request counts in its instance's load without being completed")
-	state := fs.String("state", "", "directory to save the registry and indexes in on shutdown, and recover them from at start")
+	state := fs.String("state", "", "directory to save the registry and indexes in (on shutdown and every -save-every), and recover them from at start")
+	saveEvery := fs.Duration("save-every", time.Minute, "with -state, how often to save while serving (0: on shutdown only)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -54,7 +55,8 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	if err != nil {
 		return fmt.Errorf("-workers: %w", err)
 	}
-	svc := serve.New(serve.Config{Lanes: *lanes, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl})
+	svc := serve.New(serve.Config{Lanes: *lanes, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl,
+		SaveEvery: *saveEvery, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }})
 	defer func() {
 		if err := svc.Close(); err != nil {
 			fmt.Fprintln(stderr, "kvradix: closing:", err)
