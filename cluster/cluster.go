@@ -173,6 +173,9 @@ type Config struct {
 	MaxMsgs   int64         // retention: messages kept (0: no limit)
 	LagWindow int           // how many of the latest events' lags a replica keeps (65536)
 	Patience  time.Duration // how long a call waits out a server away (restarting) before it errs (30s)
+	// Metadata is recorded on the stream, for ListStreams to find (what
+	// the stream indexes, say).
+	Metadata map[string]string
 }
 
 func (c *Config) defaults() {
@@ -212,9 +215,9 @@ type Bus struct {
 // stream and the snapshot bucket.
 func Connect(ctx context.Context, url string, cfg Config) (*Bus, error) {
 	cfg.defaults()
-	nc, err := nats.Connect(url, cfg.options(nats.Timeout(5*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))...)
+	nc, err := dial(url, cfg.Auth)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: connect %s: %w", url, err)
+		return nil, err
 	}
 	b := &Bus{cfg: cfg, nc: nc}
 	if err := b.open(ctx); err != nil {
@@ -224,16 +227,22 @@ func Connect(ctx context.Context, url string, cfg Config) (*Bus, error) {
 	return b, nil
 }
 
+// dial connects to the server at url, reconnecting for good.
+func dial(url string, auth Auth) (*nats.Conn, error) {
+	nc, err := nats.Connect(url, auth.options(nats.Timeout(5*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))...)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: connect %s: %w", url, err)
+	}
+	return nc, nil
+}
+
 func (b *Bus) open(ctx context.Context) error {
 	js, err := jetstream.New(b.nc)
 	if err != nil {
 		return err
 	}
 	b.js = js
-	b.stream, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name: b.cfg.Stream, Subjects: []string{b.cfg.Subject + ".>"}, Duplicates: b.cfg.Duplicate,
-		Storage: jetstream.FileStorage, MaxMsgs: b.cfg.MaxMsgs,
-	})
+	b.stream, err = js.CreateOrUpdateStream(ctx, b.streamConfig())
 	if err != nil {
 		return fmt.Errorf("cluster: stream %s: %w", b.cfg.Stream, err)
 	}
@@ -244,13 +253,17 @@ func (b *Bus) open(ctx context.Context) error {
 	return nil
 }
 
+func (b *Bus) streamConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name: b.cfg.Stream, Subjects: []string{b.cfg.Subject + ".>"}, Duplicates: b.cfg.Duplicate,
+		Storage: jetstream.FileStorage, MaxMsgs: b.cfg.MaxMsgs, Metadata: b.cfg.Metadata,
+	}
+}
+
 // recreate re-creates the stream and the bucket after a server lost them
 // (restarted without its data): the handles name them, so they work again.
 func (b *Bus) recreate(ctx context.Context) error {
-	if _, err := b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name: b.cfg.Stream, Subjects: []string{b.cfg.Subject + ".>"}, Duplicates: b.cfg.Duplicate,
-		Storage: jetstream.FileStorage, MaxMsgs: b.cfg.MaxMsgs,
-	}); err != nil {
+	if _, err := b.js.CreateOrUpdateStream(ctx, b.streamConfig()); err != nil {
 		return fmt.Errorf("cluster: re-create stream %s: %w", b.cfg.Stream, err)
 	}
 	if _, err := b.js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: b.cfg.Bucket, Storage: jetstream.FileStorage}); err != nil {
@@ -433,14 +446,19 @@ func (r *Replica) CatchUp(ctx context.Context) error {
 	if err := r.Err(); err != nil {
 		return err
 	}
+	before := r.seq.Load()
 	st, err := r.b.state(ctx)
 	if err != nil {
 		return err
 	}
-	last := st.LastSeq
-	// Reset: the stream ends below the replica, or the events it has yet
-	// to apply were purged (they will never come).
-	if at := r.seq.Load(); last < at || (at < last && st.FirstSeq > at+1) {
+	last, at := st.LastSeq, r.seq.Load()
+	// Reset: the stream ends below where the replica stood before asking,
+	// or the events it had yet to apply since were purged (they will never
+	// come). The replica moves on while the server answers: its position
+	// read after the answer may be past the answer's last sequence (a
+	// false reset, seen), and one read before may be below a purge it had
+	// already passed.
+	if last < before || (at < last && st.FirstSeq > at+1) {
 		return r.fail(&StreamResetError{At: at, Last: last, FirstSeq: st.FirstSeq})
 	}
 	for r.seq.Load() < last {

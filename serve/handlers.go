@@ -195,7 +195,7 @@ func scores(res radix.OverlapScores, blockSize int) Scores {
 	return out
 }
 
-func (s *Service) dump(w http.ResponseWriter, _ *http.Request) {
+func (s *Service) dump(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	idxs := make(map[modelKey]*index, len(s.indexes))
 	for k, v := range s.indexes {
@@ -207,7 +207,7 @@ func (s *Service) dump(w http.ResponseWriter, _ *http.Request) {
 	buf := []byte{'{'}
 	first := true
 	for k, idx := range idxs {
-		if _, err := idx.pool.Flush(); err != nil {
+		if err := idx.settle(r.Context()); err != nil {
 			continue // closed meanwhile
 		}
 		if !first {

@@ -38,6 +38,8 @@ var (
 	descRestarts  = prometheus.NewDesc("kvradix_subscriber_resyncs_total", "Engine restarts resynced (its blocks cleared).", []string{"instance", "dp_rank"}, nil)
 	descLost      = prometheus.NewDesc("kvradix_subscriber_lost_batches_total", "Batches lost: not repairable, or undecodable.", []string{"instance", "dp_rank"}, nil)
 	descReceived  = prometheus.NewDesc("kvradix_subscriber_last_sequence", "The last sequence number received from an engine.", []string{"instance", "dp_rank"}, nil)
+	descBusSeq    = prometheus.NewDesc("kvradix_bus_sequence", "The last sequence of a model's bus stream its index applied (on a bus).", []string{"model"}, nil)
+	descBusBad    = prometheus.NewDesc("kvradix_bus_bad_messages_total", "Messages of a model's bus stream that did not decode or apply (on a bus).", []string{"model"}, nil)
 	descDisconnct = prometheus.NewDesc("kvradix_subscriber_disconnects_total", "Receive errors on an engine's connection (it reconnects).", []string{"instance", "dp_rank"}, nil)
 )
 
@@ -102,7 +104,7 @@ func (m *metrics) handler() http.Handler {
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descApplied, descRejected, descIgnored, descPairs, descBytes, descDepth,
-		descGaps, descReplayed, descRestarts, descLost, descReceived, descDisconnct} {
+		descGaps, descReplayed, descRestarts, descLost, descReceived, descDisconnct, descBusSeq, descBusBad} {
 		ch <- d
 	}
 }
@@ -130,6 +132,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		gauge(descPairs, float64(st.Pairs), model)
 		gauge(descBytes, 28*float64(st.Pairs), model)
 		gauge(descDepth, float64(st.QueueDepth), model)
+		if idx.replica != nil {
+			gauge(descBusSeq, float64(idx.replica.Seq()), model)
+			counter(descBusBad, idx.replica.Bad(), model)
+		}
 	}
 	for k, inst := range s.instances {
 		st, id, rank := inst.sub.Stats(), fmt.Sprint(uint64(k.instance)), fmt.Sprint(k.rank)

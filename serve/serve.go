@@ -26,6 +26,10 @@
 // size other than the model's or an instance registered twice, 502 for an
 // endpoint that cannot be subscribed to.
 //
+// With Config.StateDir the registry and the indexes are saved (on Close and
+// every Config.SaveEvery) and recovered (Recover). On a NATS bus
+// (NewOnBus), replicas of the service serve the same indexes (see bus.go).
+//
 // All methods are safe for concurrent use.
 package serve
 
@@ -37,6 +41,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvradix/kvradix/cluster"
 	"github.com/kvradix/kvradix/ingest/vllm"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/shardpool"
@@ -107,6 +112,32 @@ type index struct {
 	pool      *shardpool.Pool
 	blockSize int
 	router    *modelRouter
+	// sink takes the engines' events: the pool, or on a bus (NewOnBus)
+	// the model's stream, which replica follows into the pool.
+	sink    vllm.Sink
+	bus     *cluster.Bus
+	replica *cluster.Replica
+}
+
+// settle returns once the index has applied every event taken so far (on
+// a bus: every event the stream holds).
+func (idx *index) settle(ctx context.Context) error {
+	if idx.replica != nil {
+		if err := idx.replica.CatchUp(ctx); err != nil {
+			return err
+		}
+	}
+	_, err := idx.pool.Flush()
+	return err
+}
+
+// close stops the index (and its following of the bus).
+func (idx *index) close() error {
+	if idx.replica != nil {
+		idx.replica.Close()
+		idx.bus.Close()
+	}
+	return idx.pool.Close()
 }
 
 type instance struct {
@@ -134,6 +165,8 @@ type Service struct {
 	instances map[instanceKey]*instance
 	routes    map[string]*modelRouter // requests in flight, by request id
 	closed    bool
+
+	bus *bus // NewOnBus's
 }
 
 // New returns an empty service.
@@ -179,14 +212,16 @@ func (s *Service) subscribe(r Registration, resumeAt uint64) error {
 	}
 	created := idx == nil
 	if created {
-		idx = newIndex(s.cfg.Lanes, r.BlockSize)
+		if idx, err = s.createIndex(key.modelKey, r.BlockSize); err != nil {
+			return err
+		}
 	}
 	cfg := s.cfg.Subscriber
 	cfg.BlockSize = r.BlockSize
-	sub, err := vllm.NewSubscriber(idx.pool, cfg, vllm.Endpoint{Worker: key.instance, Address: r.Endpoint, Replay: r.ReplayEndpoint, ResumeAt: resumeAt})
+	sub, err := vllm.NewSubscriber(idx.sink, cfg, vllm.Endpoint{Worker: key.instance, Address: r.Endpoint, Replay: r.ReplayEndpoint, ResumeAt: resumeAt})
 	if err != nil {
 		if created {
-			idx.pool.Close()
+			idx.close()
 		}
 		return fmt.Errorf("%w: %v", ErrUnreachable, err)
 	}
@@ -252,7 +287,7 @@ func (s *Service) Unregister(u Unregistration) error {
 		_ = g.inst.sub.Close()
 		// The rank's blocks leave: a Cleared event of that rank, after
 		// whatever its subscriber queued.
-		err = errors.Join(err, g.idx.pool.ApplyEvent(kvevent.RouterEvent{WorkerID: g.key.instance,
+		err = errors.Join(err, g.idx.sink.ApplyEvent(kvevent.RouterEvent{WorkerID: g.key.instance,
 			Event: kvevent.Event{DPRank: kvevent.DPRank(g.key.rank), Data: kvevent.Cleared{}}}))
 	}
 	return err
@@ -298,6 +333,17 @@ func (s *Service) lookup(model, tenant string) (*index, error) {
 	return idx, nil
 }
 
+// createIndex returns a new index of model k (regMu held): an empty one,
+// or on a bus one following the model's stream.
+func (s *Service) createIndex(k modelKey, blockSize int) (*index, error) {
+	if s.bus != nil {
+		ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
+		defer cancel()
+		return s.bus.join(ctx, k, blockSize)
+	}
+	return newIndex(s.cfg.Lanes, blockSize), nil
+}
+
 // newIndex returns an empty index with its router.
 func newIndex(lanes, blockSize int) *index {
 	return indexOver(shardpool.NewPool(lanes, blockSize), blockSize)
@@ -305,7 +351,7 @@ func newIndex(lanes, blockSize int) *index {
 
 // indexOver returns the index of pool, with its router.
 func indexOver(pool *shardpool.Pool, blockSize int) *index {
-	return &index{pool: pool, blockSize: blockSize, router: &modelRouter{reqs: map[string]*routed{}}}
+	return &index{pool: pool, sink: pool, blockSize: blockSize, router: &modelRouter{reqs: map[string]*routed{}}}
 }
 
 // Close stops every subscriber and, with Config.StateDir, saves the state
@@ -333,7 +379,10 @@ func (s *Service) Close() error {
 		err = errors.Join(err, s.saveClosed(resumeAt))
 	}
 	for _, idx := range s.indexes {
-		err = errors.Join(err, idx.pool.Close())
+		err = errors.Join(err, idx.close())
+	}
+	if s.bus != nil {
+		s.bus.dir.Close()
 	}
 	return err
 }

@@ -86,10 +86,13 @@ func (s *Service) Recover() (Recovered, error) {
 	if st.Version != stateVersion {
 		return rec, fmt.Errorf("serve: state %s: version %d, this reads %d", stateFile, st.Version, stateVersion)
 	}
+	if s.bus != nil && len(st.Indexes) > 0 {
+		return rec, fmt.Errorf("serve: state %s holds indexes saved off the bus: start without the bus, or without the state", stateFile)
+	}
 	indexes := map[modelKey]*index{}
 	closeAll := func() {
 		for _, idx := range indexes {
-			idx.pool.Close()
+			idx.close()
 		}
 	}
 	for _, si := range st.Indexes {
@@ -192,8 +195,12 @@ func (s *Service) cut(ctx context.Context, k modelKey, idx *index, resumeAt map[
 	return encodeIndex(idx)
 }
 
-// encodeIndex flushes an index and returns its snapshot.
+// encodeIndex flushes an index and returns its snapshot (none for an
+// index on a bus: the bus keeps its snapshots).
 func encodeIndex(idx *index) ([]byte, error) {
+	if idx.bus != nil {
+		return nil, nil
+	}
 	if _, err := idx.pool.Flush(); err != nil {
 		return nil, err
 	}
@@ -229,6 +236,9 @@ func (s *Service) write(snaps map[modelKey][]byte, resumeAt map[instanceKey]uint
 	st := savedState{Version: stateVersion, Generation: s.gen + 1}
 	keep := map[string]bool{stateFile: true}
 	for k, snap := range snaps {
+		if snap == nil {
+			continue
+		}
 		file := fmt.Sprintf("index-g%d-%d.snap", st.Generation, len(st.Indexes))
 		if err := writeAtomic(s.cfg.StateDir, file, snap); err != nil {
 			return err

@@ -12,11 +12,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/kvradix/kvradix/cluster"
 	"github.com/kvradix/kvradix/serve"
 )
 
@@ -48,6 +50,8 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	ttl := fs.Duration("ttl", 10*time.Minute, "how long a routed request counts in its instance's load without being completed")
 	state := fs.String("state", "", "directory to save the registry and indexes in (on shutdown and every -save-every), and recover them from at start")
 	saveEvery := fs.Duration("save-every", time.Minute, "with -state, how often to save while serving (0: on shutdown only)")
+	natsURL := fs.String("nats", "", "follow a NATS JetStream bus, so that replicas serve the same indexes: its URL, or \"embedded\" to start one (in -state DIR/nats, or a temporary directory)")
+	natsCreds := fs.String("nats-creds", "", "a .creds file (JWT and nkey seed) for -nats")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -55,8 +59,13 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	if err != nil {
 		return fmt.Errorf("-workers: %w", err)
 	}
-	svc := serve.New(serve.Config{Lanes: *lanes, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl,
-		SaveEvery: *saveEvery, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }})
+	cfg := serve.Config{Lanes: *lanes, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl,
+		SaveEvery: *saveEvery, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
+	svc, stopBus, err := open(cfg, *natsURL, *natsCreds, stdout)
+	if err != nil {
+		return err
+	}
+	defer stopBus()
 	defer func() {
 		if err := svc.Close(); err != nil {
 			fmt.Fprintln(stderr, "kvradix: closing:", err)
@@ -98,6 +107,39 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	<-served
 	fmt.Fprintln(stdout, "kvradix: stopped")
 	return err
+}
+
+// open returns the service: on its own, or following the bus at natsURL
+// ("embedded": a server started here, stopped by the returned func after
+// the service closes).
+func open(cfg serve.Config, natsURL, creds string, stdout io.Writer) (*serve.Service, func(), error) {
+	if natsURL == "" {
+		return serve.New(cfg), func() {}, nil
+	}
+	stop := func() {}
+	if natsURL == "embedded" {
+		dir := filepath.Join(cfg.StateDir, "nats")
+		if cfg.StateDir == "" {
+			var err error
+			if dir, err = os.MkdirTemp("", "kvradix-nats-"); err != nil {
+				return nil, nil, fmt.Errorf("-nats: %w", err)
+			}
+		}
+		srv, err := cluster.StartEmbedded(dir)
+		if err != nil {
+			return nil, nil, fmt.Errorf("-nats: %w", err)
+		}
+		stop = srv.Shutdown
+		natsURL = srv.URL()
+		fmt.Fprintf(stdout, "kvradix: NATS bus on 127.0.0.1:%d; other replicas: -nats nats://$(cat %s)@127.0.0.1:%d\n",
+			srv.Port(), filepath.Join(dir, "auth-token"), srv.Port())
+	}
+	svc, err := serve.NewOnBus(cfg, serve.BusConfig{URL: natsURL, Auth: cluster.Auth{CredsFile: creds}})
+	if err != nil {
+		stop()
+		return nil, nil, fmt.Errorf("-nats: %w", err)
+	}
+	return svc, stop, nil
 }
 
 // parseWorkers reads id=endpoint,... into registrations.

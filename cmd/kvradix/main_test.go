@@ -29,18 +29,7 @@ func TestServeCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	out, w := io.Pipe()
-	stop := make(chan os.Signal, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- run([]string{"serve", "-listen", "127.0.0.1:0", "-workers", "3=" + pub.Addr(), "-model-name", "m", "-token", "s3cret"}, w, io.Discard, stop)
-		w.Close()
-	}()
-	lines := bufio.NewScanner(out)
-	if !lines.Scan() || !strings.Contains(lines.Text(), "serving on http://") {
-		t.Fatalf("first line %q", lines.Text())
-	}
-	base := strings.TrimSpace(lines.Text()[strings.Index(lines.Text(), "http://"):])
+	base, stop := startServe(t, "-workers", "3="+pub.Addr(), "-model-name", "m", "-token", "s3cret")
 	resp, err := http.Get(base + "/workers")
 	if err != nil {
 		t.Fatal(err)
@@ -65,16 +54,86 @@ func TestServeCommand(t *testing.T) {
 			t.Fatalf("unregister with %q: %d, want 401", auth, resp.StatusCode)
 		}
 	}
-	http.DefaultClient.CloseIdleConnections()
-	stop <- syscall.SIGTERM
+	stop()
+}
+
+// startServe runs `kvradix serve -listen 127.0.0.1:0 args...` until the
+// returned func sends it SIGTERM and checks it stops cleanly; it returns
+// the service's base URL.
+func startServe(t *testing.T, args ...string) (string, func()) {
+	t.Helper()
+	out, w := io.Pipe()
+	stop := make(chan os.Signal, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(append([]string{"serve", "-listen", "127.0.0.1:0"}, args...), w, io.Discard, stop)
+		w.Close()
+	}()
+	lines := bufio.NewScanner(out)
+	for lines.Scan() && !strings.Contains(lines.Text(), "serving on http://") {
+	}
+	if !strings.Contains(lines.Text(), "serving on http://") {
+		t.Fatalf("no line says where it serves (%v)", <-done)
+	}
+	base := strings.TrimSpace(lines.Text()[strings.Index(lines.Text(), "http://"):])
 	go io.Copy(io.Discard, out)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("shutdown: %v", err)
+	return base, func() {
+		t.Helper()
+		http.DefaultClient.CloseIdleConnections()
+		stop <- syscall.SIGTERM
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("shutdown: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("no shutdown within 20 s of SIGTERM")
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("no shutdown within 20 s of SIGTERM")
+	}
+}
+
+// With -nats embedded, `kvradix serve` starts a NATS server of its own
+// (in -state DIR/nats) and follows it; an engine registered is indexed
+// through it; a restart on the same directory serves the index again from
+// the bus.
+func TestServeOnEmbeddedNATS(t *testing.T) {
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	dir := t.TempDir()
+	stored := vllm.Event{Type: vllm.BlockStored, BlockHashes: []uint64{41}, TokenIDs: make([]uint32, 16), BlockSize: 16, Medium: "GPU"}
+	held := func(base string, publish bool) bool {
+		if publish {
+			pub.Publish([]vllm.Event{stored})
+		}
+		resp, err := http.Post(base+"/query", "application/json", strings.NewReader(`{"model_name": "m", "token_ids": [`+strings.Repeat("0,", 15)+`0]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var got struct{ Scores map[string]map[string]int }
+		json.NewDecoder(resp.Body).Decode(&got)
+		return got.Scores["3"]["0"] == 16
+	}
+	base, stop := startServe(t, "-nats", "embedded", "-state", dir, "-workers", "3="+pub.Addr(), "-model-name", "m")
+	waitUntil(t, "the engine's block indexed through the bus", func() bool { return held(base, true) })
+	stop()
+	if _, err := os.Stat(dir + "/nats/auth-token"); err != nil {
+		t.Fatalf("the embedded server's directory: %v", err)
+	}
+	base, stop = startServe(t, "-nats", "embedded", "-state", dir)
+	defer stop()
+	waitUntil(t, "the restarted service to serve the block from the bus", func() bool { return held(base, false) })
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
 	}
 }
 

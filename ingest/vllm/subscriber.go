@@ -131,7 +131,7 @@ type SubscriberStats struct {
 // engine restarted, so that worker's rank is cleared and resynced; whatever
 // cannot be repaired is counted and reported as a Loss, never hidden.
 type Subscriber struct {
-	idx         shardpool.Indexer
+	idx         Sink
 	cfg         SubscriberConfig
 	ctx         context.Context
 	cancel      context.CancelFunc
@@ -169,8 +169,19 @@ type endpoint struct {
 	lastSeq  atomic.Uint64 // last sequence applied, plus one (0 = none)
 }
 
+// Sink is where a Subscriber hands the events it receives: an indexer
+// (any shardpool.Indexer), or whatever forwards them to one (a bus).
+type Sink interface {
+	// ApplyEvent takes an event; an error counts it as not applied.
+	ApplyEvent(ev kvevent.RouterEvent) error
+	// Flush returns once every event taken before it has been applied.
+	Flush() (int, error)
+}
+
+var _ Sink = shardpool.Indexer(nil)
+
 // NewSubscriber connects to every endpoint and starts receiving.
-func NewSubscriber(idx shardpool.Indexer, cfg SubscriberConfig, eps ...Endpoint) (*Subscriber, error) {
+func NewSubscriber(idx Sink, cfg SubscriberConfig, eps ...Endpoint) (*Subscriber, error) {
 	if cfg.BlockSize <= 0 {
 		return nil, fmt.Errorf("vllm: subscriber: block size %d, want > 0", cfg.BlockSize)
 	}
