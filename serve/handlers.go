@@ -1,13 +1,18 @@
 package serve
 
 import (
+	"bytes"
+	"cmp"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvradix/kvradix/kvevent"
@@ -169,30 +174,93 @@ func (s *Service) answer(w http.ResponseWriter, endpoint, field string, n int, m
 		fail(w, http.StatusServiceUnavailable, err)
 		return
 	}
-	out := scores(res, idx.blockSize)
-	s.metrics.observeQuery(endpoint, model+":"+tenantOr(tenant), start, blocks, out, idx.blockSize)
-	reply(w, http.StatusOK, out)
+	s.metrics.observeQuery(endpoint, model, tenant, start, blocks, res)
+	a := answerBufs.Get().(*answerBuf)
+	a.appendScores(res, idx.blockSize)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(a.b)
+	answerBufs.Put(a)
 }
 
-// scores turns an index's overlap (in blocks) into the API's answer (in
-// tokens), with frequencies[i] the workers holding the request's block i.
-func scores(res radix.OverlapScores, blockSize int) Scores {
-	out := Scores{Scores: map[string]map[string]uint64{}, TreeSizes: map[string]map[string]int{}, Frequencies: []int{}}
-	for wk, n := range res.Scores {
-		id, rank := fmt.Sprint(uint64(wk.ID)), fmt.Sprint(wk.DPRank)
-		if out.Scores[id] == nil {
-			out.Scores[id], out.TreeSizes[id] = map[string]uint64{}, map[string]int{}
-		}
-		out.Scores[id][rank] = uint64(n) * uint64(blockSize)
-		out.TreeSizes[id][rank] = res.TreeSizes[wk]
-		for len(out.Frequencies) < int(n) {
-			out.Frequencies = append(out.Frequencies, 0)
-		}
-		for i := range n {
-			out.Frequencies[i]++
-		}
+// answerBuf is a query's answer being written; pooled, so that answering
+// allocates little.
+type answerBuf struct {
+	b       []byte
+	workers []kvevent.Worker
+	counts  []int
+}
+
+var answerBufs = sync.Pool{New: func() any { return new(answerBuf) }}
+
+// appendScores writes the JSON of the query answer (Scores) for res into
+// a.b: scores in tokens per instance and rank, frequencies[i] the workers
+// holding the request's block i, tree sizes in blocks. Instances and
+// ranks come in numeric order.
+func (a *answerBuf) appendScores(res radix.OverlapScores, blockSize int) {
+	ws := a.workers[:0]
+	for wk := range res.Scores {
+		ws = append(ws, wk)
 	}
-	return out
+	slices.SortFunc(ws, func(x, y kvevent.Worker) int {
+		return cmp.Or(cmp.Compare(x.ID, y.ID), cmp.Compare(x.DPRank, y.DPRank))
+	})
+	b := append(a.b[:0], `{"scores":`...)
+	b = appendByInstance(b, ws, func(b []byte, wk kvevent.Worker) []byte {
+		return strconv.AppendUint(b, uint64(res.Scores[wk])*uint64(blockSize), 10)
+	})
+	b = append(b, `,"frequencies":[`...)
+	// counts[n]: workers holding exactly n leading blocks; then
+	// frequencies[i] = the workers holding more than i.
+	counts := a.counts[:0]
+	for _, wk := range ws {
+		n := int(res.Scores[wk])
+		for len(counts) <= n {
+			counts = append(counts, 0)
+		}
+		counts[n]++
+	}
+	for i := len(counts) - 2; i >= 0; i-- {
+		counts[i] += counts[i+1]
+	}
+	for i := 1; i < len(counts); i++ {
+		if i > 1 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(counts[i]), 10)
+	}
+	b = append(b, `],"tree_sizes":`...)
+	b = appendByInstance(b, ws, func(b []byte, wk kvevent.Worker) []byte {
+		return strconv.AppendInt(b, int64(res.TreeSizes[wk]), 10)
+	})
+	a.b, a.workers, a.counts = append(b, "}\n"...), ws, counts
+}
+
+// appendByInstance appends {"<instance>": {"<rank>": val, ...}, ...} for
+// ws, sorted by instance.
+func appendByInstance(b []byte, ws []kvevent.Worker, val func([]byte, kvevent.Worker) []byte) []byte {
+	b = append(b, '{')
+	for i, wk := range ws {
+		switch {
+		case i == 0:
+		case ws[i-1].ID != wk.ID:
+			b = append(b, "},"...)
+		default:
+			b = append(b, ',')
+		}
+		if i == 0 || ws[i-1].ID != wk.ID {
+			b = append(b, '"')
+			b = strconv.AppendUint(b, uint64(wk.ID), 10)
+			b = append(b, `":{`...)
+		}
+		b = append(b, '"')
+		b = strconv.AppendUint(b, uint64(wk.DPRank), 10)
+		b = append(b, `":`...)
+		b = val(b, wk)
+	}
+	if len(ws) > 0 {
+		b = append(b, '}')
+	}
+	return append(b, '}')
 }
 
 func (s *Service) dump(w http.ResponseWriter, r *http.Request) {
@@ -230,13 +298,26 @@ func (s *Service) dump(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(buf)
 }
 
+// bodies are request bodies being read: reused, so that reading one does
+// not allocate.
+var bodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
 // decode reads a JSON body of at most MaxBodyBytes into v, answering 400
 // (naming the field, where the decoder says which) if it cannot.
 func (s *Service) decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	err := dec.Decode(v)
-	if err == nil && dec.More() {
-		err = errors.New("more than one JSON value")
+	buf := bodies.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= 64<<10 { // a rare large body is not kept
+			bodies.Put(buf)
+		}
+	}()
+	buf.Reset()
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err == nil && buf.Len() == 0 {
+		err = io.EOF
+	}
+	if err == nil {
+		err = json.Unmarshal(buf.Bytes(), v) // strings copied: the buffer is reused
 	}
 	if err == nil {
 		return true

@@ -3,11 +3,15 @@ package serve
 import (
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix"
 )
 
 // metrics is the service's Prometheus metrics. Counters kept by the
@@ -68,20 +72,20 @@ func newMetrics(s *Service) *metrics {
 }
 
 // observeQuery records one answered query.
-func (m *metrics) observeQuery(endpoint, model string, start time.Time, blocks int, res Scores, blockSize int) {
+func (m *metrics) observeQuery(endpoint, model, tenant string, start time.Time, blocks int, res radix.OverlapScores) {
 	m.queryTime.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
-	m.requested.WithLabelValues(model).Add(float64(blocks))
-	best, bestID := uint64(0), ""
-	for id, ranks := range res.Scores {
-		for _, tokens := range ranks {
-			if tokens > best {
-				best, bestID = tokens, id
-			}
+	name := model + ":" + tenantOr(tenant)
+	m.requested.WithLabelValues(name).Add(float64(blocks))
+	var best uint32
+	var bestWorker kvevent.Worker
+	for wk, n := range res.Scores {
+		if n > best {
+			best, bestWorker = n, wk
 		}
 	}
-	m.matched.WithLabelValues(model).Add(float64(best / uint64(blockSize)))
-	if bestID != "" {
-		m.decisions.WithLabelValues(model, bestID).Inc()
+	m.matched.WithLabelValues(name).Add(float64(best))
+	if best > 0 {
+		m.decisions.WithLabelValues(name, strconv.FormatUint(uint64(bestWorker.ID), 10)).Inc()
 	}
 }
 

@@ -46,6 +46,7 @@ type serveConfig struct {
 	window   time.Duration
 	out      output
 	blockLen int
+	cpuprof  string
 }
 
 func (c *serveConfig) register(fs *flag.FlagSet) {
@@ -55,6 +56,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.Float64Var(&c.rate, "rate", 5000, "queries per second offered, over all clients")
 	fs.IntVar(&c.clients, "clients", 16, "concurrent HTTP clients")
 	fs.DurationVar(&c.window, "duration", 5*time.Second, "how long engines publish (spread evenly) and clients query")
+	fs.StringVar(&c.cpuprof, "cpuprofile", "", "write a CPU profile of the timed part (service, engines and clients) to `file`")
 	c.out.register(fs)
 }
 
@@ -104,6 +106,10 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	if err != nil {
 		return err
 	}
+	stopProfile, err := startCPUProfile(c.cpuprof)
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	var wg sync.WaitGroup
 	lat := make([][]time.Duration, c.clients)
@@ -130,6 +136,7 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	close(done)
 	elapsed := time.Since(start)
 	wg.Wait()
+	stopProfile()
 	res.Events = c.engines * c.batches
 	res.EventsPerS = float64(res.Events) / elapsed.Seconds()
 	l := stats.Micros(lat...)
@@ -195,7 +202,11 @@ func (c *serveConfig) batchesOf(i int, f func([]vllm.Event)) {
 func (c *serveConfig) query(base string, k int, done <-chan struct{}, intr *interrupt) ([]time.Duration, int) {
 	r := rand.New(rand.NewPCG(uint64(k), 9))
 	every := time.Duration(float64(time.Second) * float64(c.clients) / c.rate)
-	client := &http.Client{Timeout: 10 * time.Second}
+	// One connection of its own, kept alive: the default transport keeps
+	// two idle connections a host, so 16 clients would each open new ones
+	// over and over, and measure TCP handshakes.
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	defer client.CloseIdleConnections()
 	var lat []time.Duration
 	errs := 0
 	next := time.Now()

@@ -1,0 +1,69 @@
+package serve
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix"
+)
+
+// The written answer decodes to the answer built plainly, with maps, for
+// random overlaps (none, one worker, instances with several ranks, ties),
+// and a pooled buffer reused for a smaller answer leaves nothing behind.
+func TestAppendScores(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	a := new(answerBuf)
+	for trial := range 300 {
+		res := radix.OverlapScores{Scores: map[kvevent.Worker]uint32{}, TreeSizes: map[kvevent.Worker]int{}}
+		for range r.IntN(12) - trial%3 {
+			wk := kvevent.Worker{ID: kvevent.WorkerID(r.IntN(6)), DPRank: kvevent.DPRank(r.IntN(3))}
+			res.Scores[wk], res.TreeSizes[wk] = uint32(1+r.IntN(9)), r.IntN(1000)
+		}
+		bs := 1 + r.IntN(32)
+		a.appendScores(res, bs)
+		var got Scores
+		if err := json.Unmarshal(a.b, &got); err != nil {
+			t.Fatalf("%s: %v", a.b, err)
+		}
+		if want := plainScores(res, bs); !reflect.DeepEqual(got, want) {
+			t.Fatalf("wrote %s\nwant %+v", a.b, want)
+		}
+	}
+}
+
+// plainScores is the answer built with maps: the reference.
+func plainScores(res radix.OverlapScores, blockSize int) Scores {
+	out := Scores{Scores: map[string]map[string]uint64{}, TreeSizes: map[string]map[string]int{}, Frequencies: []int{}}
+	for wk, n := range res.Scores {
+		id, rank := fmt.Sprint(uint64(wk.ID)), fmt.Sprint(wk.DPRank)
+		if out.Scores[id] == nil {
+			out.Scores[id], out.TreeSizes[id] = map[string]uint64{}, map[string]int{}
+		}
+		out.Scores[id][rank] = uint64(n) * uint64(blockSize)
+		out.TreeSizes[id][rank] = res.TreeSizes[wk]
+		for len(out.Frequencies) < int(n) {
+			out.Frequencies = append(out.Frequencies, 0)
+		}
+		for i := range n {
+			out.Frequencies[i]++
+		}
+	}
+	return out
+}
+
+func BenchmarkAppendScores(b *testing.B) {
+	res := radix.OverlapScores{Scores: map[kvevent.Worker]uint32{}, TreeSizes: map[kvevent.Worker]int{}}
+	for i := range 16 {
+		wk := kvevent.Worker{ID: kvevent.WorkerID(i)}
+		res.Scores[wk], res.TreeSizes[wk] = uint32(i*4), 1000
+	}
+	a := new(answerBuf)
+	b.ReportAllocs()
+	for b.Loop() {
+		a.appendScores(res, 16)
+	}
+}
