@@ -264,11 +264,12 @@ func TestClusterFaults(t *testing.T) {
 	}
 }
 
-// loadgen serve: engines register over HTTP and publish over ZeroMQ into
-// the in-process service while clients query; its /dump ends equal to the
-// events published, with no failed query.
+// loadgen serve: engines serving a workload register over HTTP and
+// publish over ZeroMQ into the in-process service while clients query its
+// prompts; its /dump ends equal to the events published, with no failed
+// query, a batch per request, and queries matching what engines hold.
 func TestServeCommand(t *testing.T) {
-	out, _, err := runArgs(t, "serve", "-json", "-engines", "2", "-batches", "200", "-duration", "500ms", "-rate", "200", "-clients", "4")
+	out, _, err := runArgs(t, "serve", "-json", "-engines", "2", "-synth", "-synth-requests", "300", "-duration", "500ms", "-rate", "200", "-clients", "4", "-engine-blocks", "200")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func TestServeCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	if !res.DumpEqual || res.Errors != 0 || res.Queries == 0 || res.Events != 400 {
+	if !res.DumpEqual || res.Errors != 0 || res.Queries == 0 || res.Requests != 300 || res.Batches != 300 || !(res.MatchedPct > 0 && res.MatchedPct <= 100) || res.HashesPerQ == 0 {
 		t.Fatalf("%+v", res)
 	}
 }

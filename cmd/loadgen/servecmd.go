@@ -7,28 +7,33 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"sync"
 	"time"
 
+	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/ingest/vllm"
 	"github.com/kvradix/kvradix/internal/stats"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix/holdings"
 	"github.com/kvradix/kvradix/serve"
+	"github.com/kvradix/kvradix/trace"
 )
 
 // serveResult is `loadgen serve`'s report.
 type serveResult struct {
 	Command     string  `json:"command"`
+	Trace       string  `json:"trace"`
 	URL         string  `json:"url"`
 	Engines     int     `json:"engines"`
-	Events      int     `json:"events"`
-	EventsPerS  float64 `json:"events_per_s"`
+	Requests    int     `json:"requests"` // trace requests the engines served
+	Batches     int     `json:"batches"`
+	BatchesPerS float64 `json:"batches_per_s"`
 	Queries     int     `json:"queries"`
+	HashesPerQ  float64 `json:"hashes_per_query"`
+	MatchedPct  float64 `json:"matched_pct"` // of the blocks queried, those the best instance held
 	OfferedQPS  float64 `json:"offered_qps"`
 	AchievedQPS float64 `json:"achieved_qps"`
 	QueryP50Ms  float64 `json:"query_p50_ms"`
@@ -40,39 +45,47 @@ type serveResult struct {
 type serveConfig struct {
 	url      string
 	engines  int
-	batches  int
 	rate     float64
 	clients  int
 	window   time.Duration
 	out      output
+	work     workloadFlags
 	blockLen int
+	stretch  int
+	capacity int
 	cpuprof  string
 }
 
 func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.url, "url", "", "a running `kvradix serve` (default: start one in-process on loopback)")
-	fs.IntVar(&c.engines, "engines", 4, "vLLM-compatible publishers to register")
-	fs.IntVar(&c.batches, "batches", 2000, "batches each engine publishes")
+	fs.IntVar(&c.engines, "engines", 4, "vLLM-compatible publishers to register, serving the trace's requests in turn")
 	fs.Float64Var(&c.rate, "rate", 5000, "queries per second offered, over all clients")
-	fs.IntVar(&c.clients, "clients", 16, "concurrent HTTP clients")
-	fs.DurationVar(&c.window, "duration", 5*time.Second, "how long engines publish (spread evenly) and clients query")
+	fs.IntVar(&c.clients, "clients", 16, "concurrent HTTP clients, querying the trace's prompts by block hash")
+	fs.DurationVar(&c.window, "duration", 5*time.Second, "how long the engines take to serve the trace (spread evenly) while clients query")
+	fs.IntVar(&c.blockLen, "block-size", 16, "tokens per KV block")
+	fs.IntVar(&c.stretch, "stretch", 3, "blocks per trace hash id (trace.Stretch): prompts of the embedded trace average 24·stretch blocks")
+	fs.IntVar(&c.capacity, "engine-blocks", 16384, "blocks each engine's prefix cache holds before evicting")
+	c.work.register(fs)
 	fs.StringVar(&c.cpuprof, "cpuprofile", "", "write a CPU profile of the timed part (service, engines and clients) to `file`")
 	c.out.register(fs)
 }
 
-// runServe drives the service as its users would: engines publish KV
-// events over ZeroMQ into it while HTTP clients query at an offered rate;
-// at the end its /dump must equal what the engines published.
+// runServe drives the service as its users would: engines serving the
+// trace's requests in turn publish their KV events over ZeroMQ into it,
+// while HTTP clients query the trace's prompts at an offered rate; at the
+// end its /dump must equal what the engines published.
 func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	fs := newFlags("serve", stderr)
-	c := serveConfig{blockLen: 16}
+	var c serveConfig
 	c.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	switch {
-	case c.engines < 1 || c.batches < 1 || c.clients < 1:
-		return errors.New("-engines, -batches and -clients want >= 1")
+	case c.engines < 1 || c.clients < 1 || c.stretch < 1 || c.capacity < 1:
+		return errors.New("-engines, -clients, -stretch and -engine-blocks want >= 1")
+	case c.blockLen < 1 || c.blockLen > trace.TraceBlockSize:
+		return fmt.Errorf("-block-size %d, want in [1, %d]", c.blockLen, trace.TraceBlockSize)
 	case !(c.rate > 0 && c.rate <= maxRate):
 		return fmt.Errorf("-rate %v, want in (0, %g]", c.rate, maxRate)
 	case c.window <= 0 || c.window > maxDuration:
@@ -80,6 +93,13 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	}
 	if err := c.out.validate(); err != nil {
 		return err
+	}
+	reqs, name, err := c.work.load()
+	if err != nil {
+		return err
+	}
+	for i, r := range reqs {
+		reqs[i] = trace.Stretch(r, c.stretch, c.blockLen)
 	}
 	intr, release := watch(stop)
 	defer release()
@@ -96,8 +116,10 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 		defer srv.Close()
 		base = "http://" + ln.Addr().String()
 	}
-	res := serveResult{Command: commandLine("serve", args), URL: base, Engines: c.engines, OfferedQPS: c.rate}
-	pubs, want, err := c.startEngines(base)
+	res := serveResult{Command: commandLine("serve", args), Trace: name, URL: base, Engines: c.engines, Requests: len(reqs), OfferedQPS: c.rate}
+	batches, want := c.engineBatches(reqs)
+	queries := c.queries(reqs)
+	pubs, err := c.startEngines(base)
 	defer func() {
 		for _, p := range pubs {
 			p.Close()
@@ -112,24 +134,22 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	}
 	start := time.Now()
 	var wg sync.WaitGroup
-	lat := make([][]time.Duration, c.clients)
-	errs := make([]int, c.clients)
+	tallies := make([]queryTally, c.clients)
 	done := make(chan struct{})
 	for k := range c.clients {
-		wg.Go(func() { lat[k], errs[k] = c.query(base, k, done, intr) })
+		wg.Go(func() { tallies[k] = c.query(base, k, queries, done, intr) })
 	}
 	var pubWG sync.WaitGroup
-	every := c.window / time.Duration(c.batches)
 	for i, p := range pubs {
 		pubWG.Go(func() {
-			next := time.Now()
-			c.batchesOf(i, func(evs []vllm.Event) {
+			every, next := c.window/time.Duration(max(1, len(batches[i]))), time.Now()
+			for _, evs := range batches[i] {
 				if d := time.Until(next); d > 0 {
 					time.Sleep(d)
 				}
 				next = next.Add(every)
 				_, _ = p.Publish(evs)
-			})
+			}
 		})
 	}
 	pubWG.Wait()
@@ -137,109 +157,151 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	elapsed := time.Since(start)
 	wg.Wait()
 	stopProfile()
-	res.Events = c.engines * c.batches
-	res.EventsPerS = float64(res.Events) / elapsed.Seconds()
+	for _, b := range batches {
+		res.Batches += len(b)
+	}
+	res.BatchesPerS = float64(res.Batches) / elapsed.Seconds()
+	var lat [][]time.Duration
+	hashes, matched := 0, 0
+	for _, t := range tallies {
+		lat = append(lat, t.lat)
+		res.Errors += t.errs
+		hashes += t.hashes
+		matched += t.matched
+	}
 	l := stats.Micros(lat...)
 	res.Queries = len(l)
 	res.AchievedQPS = float64(len(l)) / elapsed.Seconds()
 	res.QueryP50Ms, res.QueryP99Ms = stats.Percentile(l, 0.5)/1e3, stats.Percentile(l, 0.99)/1e3
-	for _, e := range errs {
-		res.Errors += e
+	if res.Queries > 0 {
+		res.HashesPerQ = float64(hashes) / float64(res.Queries)
+	}
+	if hashes > 0 {
+		res.MatchedPct = 100 * float64(matched) / float64(hashes)
 	}
 	res.DumpEqual = c.dumpEquals(base, want)
 	return c.out.write(stdout, res, func() {
-		fmt.Fprintf(stdout, "%d engines, %d batches of 4 events in %.2fs (%.0f batches/s); %d queries of 64 hashes at %.0f/s (offered %.0f): p50 %.2f ms, p99 %.2f ms; %d errors; /dump equals the events: %v\n",
-			res.Engines, res.Events, elapsed.Seconds(), res.EventsPerS, res.Queries, res.AchievedQPS, res.OfferedQPS, res.QueryP50Ms, res.QueryP99Ms, res.Errors, res.DumpEqual)
+		fmt.Fprintf(stdout, "%s: %d engines served %d requests in %d batches in %.2fs (%.0f batches/s); %d queries of %.0f hashes (%.1f%% of them held) at %.0f/s (offered %.0f): p50 %.2f ms, p99 %.2f ms; %d errors; /dump equals the events: %v\n",
+			res.Trace, res.Engines, res.Requests, res.Batches, elapsed.Seconds(), res.BatchesPerS, res.Queries, res.HashesPerQ, res.MatchedPct, res.AchievedQPS, res.OfferedQPS, res.QueryP50Ms, res.QueryP99Ms, res.Errors, res.DumpEqual)
 	}, func() {
 		fmt.Fprintf(stdout, "BenchmarkServe/engines=%d 1 %.0f ns/op %.0f batches/s %.0f query-p50-ns %.0f query-p99-ns\n",
-			res.Engines, float64(elapsed.Nanoseconds()), res.EventsPerS, res.QueryP50Ms*1e6, res.QueryP99Ms*1e6)
+			res.Engines, float64(elapsed.Nanoseconds()), res.BatchesPerS, res.QueryP50Ms*1e6, res.QueryP99Ms*1e6)
 	})
 }
 
-// startEngines starts the publishers, registers them, and returns the
-// holdings their batches make.
-func (c *serveConfig) startEngines(base string) ([]*vllm.Publisher, holdings.Set, error) {
+// engineBatches deals the requests to the engines in turn and returns each
+// engine's batches (one per request it serves: what it stored and
+// evicted), and the holdings they make.
+func (c *serveConfig) engineBatches(reqs []trace.Request) ([][][]vllm.Event, holdings.Set) {
 	want := holdings.Set{}
+	batches := make([][][]vllm.Event, c.engines)
+	engines := make([]*traceEngine, c.engines)
+	convs := make([]*vllm.Converter, c.engines)
+	for i := range engines {
+		engines[i], convs[i] = newTraceEngine(c.blockLen, c.capacity), vllm.NewConverter(kvevent.WorkerID(i), c.blockLen)
+	}
+	for k, r := range reqs {
+		i := k % c.engines
+		evs := engines[i].serve(r)
+		for _, ev := range convs[i].Convert(nil, &vllm.Batch{Events: evs}) {
+			_ = want.Apply(ev)
+		}
+		batches[i] = append(batches[i], evs)
+	}
+	return batches, want
+}
+
+// queries returns each request's local block hashes, what clients ask
+// about.
+func (c *serveConfig) queries(reqs []trace.Request) [][]uint64 {
+	out := make([][]uint64, len(reqs))
+	var toks []uint32
+	for k, r := range reqs {
+		toks = trace.TokensOf(toks[:0], r, c.blockLen)
+		out[k] = hashing.LocalHashes(nil, toks, c.blockLen, hashing.Options{})
+	}
+	return out
+}
+
+// startEngines starts the publishers and registers them.
+func (c *serveConfig) startEngines(base string) ([]*vllm.Publisher, error) {
 	var pubs []*vllm.Publisher
 	for i := range c.engines {
 		p, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
 		if err != nil {
-			return pubs, nil, err
+			return pubs, err
 		}
 		pubs = append(pubs, p)
-		body, _ := json.Marshal(serve.Registration{InstanceID: uint64(i), Endpoint: p.Addr(), ReplayEndpoint: p.ReplayAddr(), ModelName: "synth", BlockSize: c.blockLen})
+		body, _ := json.Marshal(serve.Registration{InstanceID: uint64(i), Endpoint: p.Addr(), ReplayEndpoint: p.ReplayAddr(), ModelName: "trace", BlockSize: c.blockLen})
 		resp, err := http.Post(base+"/register", "application/json", bytes.NewReader(body))
 		if err != nil {
-			return pubs, nil, err
+			return pubs, err
 		}
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
-			return pubs, nil, fmt.Errorf("register engine %d: %s", i, resp.Status)
+			return pubs, fmt.Errorf("register engine %d: %s", i, resp.Status)
 		}
-		conv := vllm.NewConverter(kvevent.WorkerID(i), c.blockLen)
-		c.batchesOf(i, func(evs []vllm.Event) {
-			for _, ev := range conv.Convert(nil, &vllm.Batch{Events: evs}) {
-				_ = want.Apply(ev)
-			}
-		})
 	}
-	return pubs, want, nil
+	return pubs, nil
 }
 
-// batchesOf generates engine i's batches.
-func (c *serveConfig) batchesOf(i int, f func([]vllm.Event)) {
-	gen := vllm.NewSynthEngine(uint64(i)+1, c.blockLen, 8, 0.3)
-	for range c.batches {
-		evs := make([]vllm.Event, 4)
-		for k := range evs {
-			evs[k] = gen.Step()
-		}
-		f(evs)
-	}
+// queryTally is one client's count.
+type queryTally struct {
+	lat                   []time.Duration
+	errs, hashes, matched int
 }
 
-// query sends /query_by_hash at its share of the offered rate until done.
-func (c *serveConfig) query(base string, k int, done <-chan struct{}, intr *interrupt) ([]time.Duration, int) {
-	r := rand.New(rand.NewPCG(uint64(k), 9))
+// query sends /query_by_hash for the trace's prompts (client k asks
+// about requests k, k+clients, ..., round and round) at its share of the
+// offered rate until done.
+func (c *serveConfig) query(base string, k int, queries [][]uint64, done <-chan struct{}, intr *interrupt) queryTally {
 	every := time.Duration(float64(time.Second) * float64(c.clients) / c.rate)
 	// One connection of its own, kept alive: the default transport keeps
 	// two idle connections a host, so 16 clients would each open new ones
 	// over and over, and measure TCP handshakes.
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
 	defer client.CloseIdleConnections()
-	var lat []time.Duration
-	errs := 0
+	var t queryTally
 	next := time.Now()
-	for {
+	for q := k % len(queries); ; q = (q + c.clients) % len(queries) {
 		select {
 		case <-done:
-			return lat, errs
+			return t
 		case <-intr.c:
-			return lat, errs
+			return t
 		default:
 		}
 		if d := time.Until(next); d > 0 {
 			time.Sleep(d)
 		}
 		next = next.Add(every)
-		hashes := make([]uint64, 64)
-		for i := range hashes {
-			hashes[i] = r.Uint64()
-		}
-		body, _ := json.Marshal(serve.HashQuery{BlockHashes: hashes, ModelName: "synth"})
+		body, _ := json.Marshal(serve.HashQuery{BlockHashes: queries[q], ModelName: "trace"})
 		t0 := time.Now()
 		resp, err := client.Post(base+"/query_by_hash", "application/json", bytes.NewReader(body))
 		if err != nil {
-			errs++
+			t.errs++
 			continue
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
+		answer, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		lat = append(lat, time.Since(t0))
-		if resp.StatusCode != http.StatusOK {
-			errs++
+		t.lat = append(t.lat, time.Since(t0))
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.errs++
+			continue
 		}
+		t.hashes += len(queries[q])
+		t.matched += longestMatch(answer)
 	}
+}
+
+// longestMatch reads, from a query's answer, the blocks the best instance
+// holds: the length of its frequencies.
+func longestMatch(answer []byte) int {
+	_, f, ok := bytes.Cut(answer, []byte(`"frequencies":[`))
+	if f, _, _ = bytes.Cut(f, []byte("]")); !ok || len(f) == 0 {
+		return 0
+	}
+	return bytes.Count(f, []byte(",")) + 1
 }
 
 // dumpEquals waits (20 s at most) until the service's /dump of the model
@@ -257,7 +319,7 @@ func (c *serveConfig) dumpEquals(base string, want holdings.Set) bool {
 			continue
 		}
 		got := holdings.Set{}
-		for _, ev := range dump["synth:"+serve.DefaultTenant] { // in order: parents first
+		for _, ev := range dump["trace:"+serve.DefaultTenant] { // in order: parents first
 			_ = got.Apply(ev)
 		}
 		if got.Diff(want) == "" {
