@@ -262,7 +262,9 @@ func (c *serveConfig) query(base string, k int, queries [][]uint64, done <-chan 
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
 	defer client.CloseIdleConnections()
 	var t queryTally
-	next := time.Now()
+	// Clients are spread over the period, so that the offered rate comes
+	// evenly, not as bursts of every client at once.
+	next := time.Now().Add(every * time.Duration(k) / time.Duration(c.clients))
 	for q := k % len(queries); ; q = (q + c.clients) % len(queries) {
 		select {
 		case <-done:

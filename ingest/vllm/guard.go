@@ -191,9 +191,51 @@ type guardConn struct {
 	p       zmtpParser
 	onClose func() // a listener's count, if accepted
 	closed  atomic.Bool
+
+	// The library reads each frame's header and body apart, a system call
+	// each; once the peer has greeted, small reads are served from
+	// buf[r:w], filled readAhead bytes at a time, and err waits until it is
+	// drained. (Before, reads go straight through: connections that end in
+	// their handshake, dial retries and hostile peers, cost no buffer.)
+	buf  []byte
+	r, w int
+	err  error
 }
 
+// readAhead is how much a connection reads at once for small reads: a
+// live stream's frames are a few hundred bytes to a few KiB, so one
+// system call serves several of the library's reads.
+const readAhead = 8 << 10
+
 func (c *guardConn) Read(b []byte) (int, error) {
+	if c.r == c.w {
+		if c.err != nil || len(b) >= readAhead || !c.p.greeted() {
+			err := c.err
+			c.err = nil
+			if err != nil {
+				return 0, err
+			}
+			return c.read(b)
+		}
+		if c.buf == nil {
+			c.buf = make([]byte, readAhead)
+		}
+		c.r = 0
+		c.w, c.err = c.read(c.buf)
+		if c.w == 0 {
+			err := c.err
+			c.err = nil
+			return 0, err
+		}
+	}
+	n := copy(b, c.buf[c.r:c.w])
+	c.r += n
+	return n, nil
+}
+
+// read reads from the connection, following the ZMTP stream: a frame over
+// the limit closes the connection, and b is cut before it.
+func (c *guardConn) read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	if n > 0 {
 		ok, cut := c.p.feed(b[:n], c.g.limit)
