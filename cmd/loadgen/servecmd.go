@@ -44,6 +44,7 @@ type serveResult struct {
 
 type serveConfig struct {
 	url      string
+	token    string
 	engines  int
 	rate     float64
 	clients  int
@@ -58,6 +59,7 @@ type serveConfig struct {
 
 func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.url, "url", "", "a running `kvradix serve` (default: start one in-process on loopback)")
+	fs.StringVar(&c.token, "token", "", "the service's bearer token for /register (its -token)")
 	fs.IntVar(&c.engines, "engines", 4, "vLLM-compatible publishers to register, serving the trace's requests in turn")
 	fs.Float64Var(&c.rate, "rate", 5000, "queries per second offered, over all clients")
 	fs.IntVar(&c.clients, "clients", 16, "concurrent HTTP clients, querying the trace's prompts by block hash")
@@ -233,7 +235,15 @@ func (c *serveConfig) startEngines(base string) ([]*vllm.Publisher, error) {
 		}
 		pubs = append(pubs, p)
 		body, _ := json.Marshal(serve.Registration{InstanceID: uint64(i), Endpoint: p.Addr(), ReplayEndpoint: p.ReplayAddr(), ModelName: "trace", BlockSize: c.blockLen})
-		resp, err := http.Post(base+"/register", "application/json", bytes.NewReader(body))
+		req, err := http.NewRequest(http.MethodPost, base+"/register", bytes.NewReader(body))
+		if err != nil {
+			return pubs, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if c.token != "" {
+			req.Header.Set("Authorization", "Bearer "+c.token)
+		}
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return pubs, err
 		}
