@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvradix/kvradix/cluster"
+	"github.com/kvradix/kvradix/internal/leaks"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/radix/radixtest"
@@ -26,15 +27,8 @@ import (
 	"github.com/kvradix/kvradix/shardpool"
 )
 
-// jetStreamAckReset is nats.go's goroutine that resets pending publish
-// acks on reconnect: it reads its connection-status channel once, and if
-// the connection closed before it started (a test's client closing right
-// after a server restart) that channel is already nil and it waits on it
-// forever. A leak of the library's, per closed connection, not of ours.
-const jetStreamAckReset = "github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect"
-
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(jetStreamAckReset))
+	goleak.VerifyTestMain(m, leaks.Ignore()...)
 }
 
 // events is a stream of n events of 4 workers with 2 ranks, from the

@@ -19,13 +19,14 @@ import (
 
 	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/ingest/vllm"
+	"github.com/kvradix/kvradix/internal/leaks"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix/holdings"
 	"github.com/kvradix/kvradix/serve"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyTestMain(m, leaks.Ignore()...)
 }
 
 const bs = 16

@@ -15,10 +15,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvradix/kvradix/ingest/vllm"
+	"github.com/kvradix/kvradix/internal/leaks"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyTestMain(m, leaks.Ignore()...)
 }
 
 // `kvradix serve` starts with an engine from -workers, answers over HTTP,

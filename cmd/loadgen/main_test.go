@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/kvradix/kvradix/internal/leaks"
 )
 
 // go-zeromq v0.17 leaves its own PUB writer goroutine behind (see
@@ -19,12 +21,7 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
-		// nats.go's ack reset of a jetstream context whose connection closed
-		// before it started waits on a nil channel for good (see the cluster
-		// tests' TestMain).
-		goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect"))
+	goleak.VerifyTestMain(m, leaks.Ignore()...)
 }
 
 func runArgs(t *testing.T, args ...string) (string, string, error) {

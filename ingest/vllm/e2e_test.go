@@ -8,19 +8,18 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/kvradix/kvradix/internal/leaks"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/radix/radixtest"
 	"github.com/kvradix/kvradix/shardpool"
 )
 
-// go-zeromq v0.17 leaves a PUB's writer behind after Close, waiting on its
-// condition variable (it holds no messages): it is ignored here. A closed
+// The libraries' leftover goroutines are ignored (leaks.Ignore). A closed
 // socket's reader blocked delivering messages nobody reads is not: those
 // held batches (closeReceiver frees them).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyTestMain(m, leaks.Ignore()...)
 }
 
 const bs = 16
