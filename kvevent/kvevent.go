@@ -50,7 +50,25 @@ const (
 	TierExternal
 )
 
-var tierNames = [...]string{"device", "host_pinned", "disk", "external"}
+// NumTiers is how many tiers there are.
+const NumTiers = 4
+
+var tierNames = [NumTiers]string{"device", "host_pinned", "disk", "external"}
+
+// Tiers lists every tier, nearest (fastest) first.
+var Tiers = [NumTiers]Tier{TierDevice, TierHostPinned, TierDisk, TierExternal}
+
+// TierSet is a set of tiers, a bit each.
+type TierSet uint8
+
+// Set returns the set of t alone.
+func (t Tier) Set() TierSet { return 1 << t }
+
+// Has reports whether s holds t.
+func (s TierSet) Has(t Tier) bool { return s&t.Set() != 0 }
+
+// UpTo reports whether s holds a tier at t or nearer.
+func (s TierSet) UpTo(t Tier) bool { return s&(TierSet(2)<<t-1) != 0 }
 
 // String returns the tier's snake_case wire name, as Dynamo writes it.
 func (t Tier) String() string {

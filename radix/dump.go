@@ -25,6 +25,9 @@ type dumper[N comparable] struct {
 	extra  map[kvevent.Worker]map[N][]uint64 // further aliases, sorted (rare)
 
 	owns func(w kvevent.Worker, h uint64) bool // whether w names a node h in the index
+	// tiers, if set, returns the tiers in which w holds what h names (nil:
+	// the device only).
+	tiers func(w kvevent.Worker, h uint64) kvevent.TierSet
 
 	placeholders map[kvevent.Worker]map[N]uint64
 	removals     []kvevent.RouterEvent
@@ -38,9 +41,23 @@ type dumper[N comparable] struct {
 // left it).
 func (d *dumper[N]) emit(w kvevent.Worker, n N) {
 	ph, has := d.parentHash(w, d.parent(n))
-	d.store(w, ph, has, kvevent.StoredBlock{BlockHash: d.held[w][n], TokensHash: d.key(n)})
+	d.storeTiers(w, ph, has, kvevent.StoredBlock{BlockHash: d.held[w][n], TokensHash: d.key(n)})
 	for _, h := range d.extra[w][n] {
-		d.store(w, ph, has, kvevent.StoredBlock{BlockHash: h, TokensHash: d.key(n)})
+		d.storeTiers(w, ph, has, kvevent.StoredBlock{BlockHash: h, TokensHash: d.key(n)})
+	}
+}
+
+// storeTiers stores blk once per tier w holds it in.
+func (d *dumper[N]) storeTiers(w kvevent.Worker, parent uint64, hasParent bool, blk kvevent.StoredBlock) {
+	if d.tiers == nil {
+		d.store(w, parent, hasParent, blk, kvevent.TierDevice)
+		return
+	}
+	tiers := d.tiers(w, blk.BlockHash)
+	for _, t := range kvevent.Tiers {
+		if tiers.Has(t) {
+			d.store(w, parent, hasParent, blk, t)
+		}
 	}
 }
 
@@ -93,7 +110,7 @@ func (d *dumper[N]) parentHash(w kvevent.Worker, p N) (uint64, bool) {
 		d.placeholders[w] = map[N]uint64{}
 	}
 	d.placeholders[w][p] = h
-	d.store(w, ph, has, kvevent.StoredBlock{BlockHash: h, TokensHash: d.key(p)})
+	d.store(w, ph, has, kvevent.StoredBlock{BlockHash: h, TokensHash: d.key(p)}, kvevent.TierDevice)
 	d.removals = append(d.removals, kvevent.RouterEvent{
 		WorkerID: w.ID,
 		Event:    kvevent.Event{DPRank: w.DPRank, Data: kvevent.Removed{BlockHashes: []uint64{h}}},
@@ -113,9 +130,10 @@ func (d *dumper[N]) freshHash(w kvevent.Worker) uint64 {
 	}
 }
 
-func (d *dumper[N]) store(w kvevent.Worker, parent uint64, hasParent bool, blk kvevent.StoredBlock) {
+func (d *dumper[N]) store(w kvevent.Worker, parent uint64, hasParent bool, blk kvevent.StoredBlock, tier kvevent.Tier) {
 	d.emitEvent(kvevent.RouterEvent{
 		WorkerID: w.ID,
+		Tier:     tier,
 		Event: kvevent.Event{DPRank: w.DPRank, Data: kvevent.Stored{
 			HasParent: hasParent, ParentHash: parent, Blocks: []kvevent.StoredBlock{blk},
 		}},

@@ -24,16 +24,18 @@ func TreeInvariants(t *Tree) error {
 			}
 			for w, aliases := range c.workers {
 				pairs++
-				names := 0
+				var names tierCount
 				if tw := t.workers[w]; tw != nil {
 					for _, m := range tw.names {
-						if m == c {
-							names++
+						for _, tier := range kvevent.Tiers {
+							if m.n == c && m.tiers.Has(tier) {
+								names[tier]++
+							}
 						}
 					}
 				}
-				if names != aliases || names == 0 {
-					return fmt.Errorf("worker %v in node %x counts %d aliases, is named by %d hashes", w, k, aliases, names)
+				if names != aliases || names.set() == 0 {
+					return fmt.Errorf("worker %v in node %x counts %v aliases by tier, is named by %v hashes", w, k, aliases, names)
 				}
 			}
 			if err := walk(c); err != nil {
@@ -52,10 +54,10 @@ func TreeInvariants(t *Tree) error {
 	for w, tw := range t.workers {
 		distinct := map[*node]bool{}
 		for h, m := range tw.names {
-			if _, ok := m.workers[w]; !ok {
-				return fmt.Errorf("worker %v hash %x names a node it is not in", w, h)
+			if _, ok := m.n.workers[w]; !ok || m.tiers == 0 {
+				return fmt.Errorf("worker %v hash %x names a node it is not in (tiers %b)", w, h, m.tiers)
 			}
-			distinct[m] = true
+			distinct[m.n] = true
 		}
 		if tw.nodes != len(distinct) {
 			return fmt.Errorf("worker %v counts %d nodes, names %d", w, tw.nodes, len(distinct))

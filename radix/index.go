@@ -116,6 +116,32 @@ type OverlapScores struct {
 	TreeSizes map[kvevent.Worker]int
 }
 
+// TierScores is the result of matching a request against a TierIndex.
+type TierScores struct {
+	// Scores maps each worker holding the first block in some tier to,
+	// per tier (indexed by kvevent.Tier), the number of consecutive blocks
+	// from block 0 it holds in that tier or a nearer one: the device
+	// prefix, the device-or-host prefix, and so on, each at least the one
+	// before.
+	Scores map[kvevent.Worker][kvevent.NumTiers]uint32
+	// TreeSizes maps each scored worker to the number of blocks it holds
+	// in any tier.
+	TreeSizes map[kvevent.Worker]int
+}
+
+// TierIndex is an Index that keeps the tier of every (worker, block)
+// membership: Stored adds the event's tier to its blocks (a block may be
+// held in several), Removed and Cleared take away the event's tier only,
+// and a parent is found whatever tier it is held in. FindMatches counts the
+// device tier only (the seed's rule); FindTierMatches reports every tier.
+// Dump yields a Stored per tier held. Tree implements it.
+type TierIndex interface {
+	Index
+	FindTierMatches(local []uint64) TierScores
+}
+
+var _ TierIndex = (*Tree)(nil)
+
 // Index is the contract every prefix index implements.
 type Index interface {
 	// Apply applies one event of the worker ev.Worker(). Tiers are not

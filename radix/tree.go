@@ -21,19 +21,41 @@ type Tree struct {
 
 // treeWorker is what one worker holds.
 type treeWorker struct {
-	names map[uint64]*node // engine hash -> node
-	nodes int              // nodes held (each named by one or more hashes)
+	names map[uint64]name // engine hash -> the node it names, in which tiers
+	nodes int             // nodes held (each named by one or more hashes)
+}
+
+// name is what one engine hash of a worker names: a node, held in one or
+// more tiers.
+type name struct {
+	n     *node
+	tiers kvevent.TierSet
 }
 
 type node struct {
 	key      uint64 // tokens hash of this block
 	parent   *node
 	children map[uint64]*node
-	workers  map[kvevent.Worker]int // engine hashes of the worker naming this node
+	workers  map[kvevent.Worker]tierCount // per tier, the engine hashes of the worker naming this node
+}
+
+// tierCount counts, per tier, the engine hashes of a worker naming a node
+// in that tier.
+type tierCount [kvevent.NumTiers]int32
+
+// set returns the tiers counted.
+func (c tierCount) set() kvevent.TierSet {
+	var s kvevent.TierSet
+	for t, n := range c {
+		if n > 0 {
+			s |= kvevent.Tier(t).Set()
+		}
+	}
+	return s
 }
 
 func newNode(key uint64, parent *node) *node {
-	return &node{key: key, parent: parent, children: map[uint64]*node{}, workers: map[kvevent.Worker]int{}}
+	return &node{key: key, parent: parent, children: map[uint64]*node{}, workers: map[kvevent.Worker]tierCount{}}
 }
 
 // NewTree returns an empty tree. The zero Tree is empty and ready to use.
@@ -58,34 +80,34 @@ func (t *Tree) Apply(ev kvevent.RouterEvent) error {
 	w := ev.Worker()
 	switch d := ev.Event.Data.(type) {
 	case kvevent.Stored:
-		return t.store(w, d)
+		return t.store(w, d, ev.Tier)
 	case kvevent.Removed:
-		return t.remove(w, d.BlockHashes)
+		return t.remove(w, d.BlockHashes, ev.Tier)
 	case kvevent.Cleared:
-		t.clear(w)
+		t.clear(w, ev.Tier)
 		return nil
 	}
 	return fmt.Errorf("%w: event %d of worker %v has no data", ErrInvalidEvent, ev.Event.ID, w)
 }
 
-func (t *Tree) store(w kvevent.Worker, d kvevent.Stored) error {
+func (t *Tree) store(w kvevent.Worker, d kvevent.Stored, tier kvevent.Tier) error {
 	if err := checkChain(w, d); err != nil {
 		return err
 	}
 	tw := t.workers[w]
 	parent := t.root
 	if d.HasParent {
-		var p *node
+		var p name
 		if tw != nil {
 			p = tw.names[d.ParentHash]
 		}
-		if p == nil {
+		if p.n == nil {
 			return fmt.Errorf("%w: worker %v, parent %#x", ErrParentNotFound, w, d.ParentHash)
 		}
-		parent = p
+		parent = p.n
 	}
 	if tw == nil {
-		tw = &treeWorker{names: map[uint64]*node{}}
+		tw = &treeWorker{names: map[uint64]name{}}
 		t.workers[w] = tw
 	}
 	for _, b := range d.Blocks {
@@ -95,39 +117,54 @@ func (t *Tree) store(w kvevent.Worker, d kvevent.Stored) error {
 			parent.children[b.TokensHash] = child
 		}
 		old, had := tw.names[b.BlockHash]
-		if had && old == child {
-			parent = child
-			continue
-		}
-		// Name the new node first, so that leaving old cannot prune the
-		// path just walked.
-		tw.names[b.BlockHash] = child
-		if child.workers[w]++; child.workers[w] == 1 {
-			tw.nodes++
-			t.size++
-		}
-		if had {
-			t.unname(old, w, tw)
+		switch {
+		case had && old.n == child && old.tiers.Has(tier):
+		case had && old.n == child: // held here already, now in this tier too
+			tw.names[b.BlockHash] = name{child, old.tiers | tier.Set()}
+			t.hold(child, w, tw, tier)
+		default:
+			// Name the new node first, so that leaving old cannot prune the
+			// path just walked.
+			tw.names[b.BlockHash] = name{child, tier.Set()}
+			t.hold(child, w, tw, tier)
+			if had {
+				t.unname(old.n, w, tw, old.tiers)
+			}
 		}
 		parent = child
 	}
 	return nil
 }
 
-func (t *Tree) remove(w kvevent.Worker, hashes []uint64) error {
+// hold counts one more engine hash of w naming n in tier.
+func (t *Tree) hold(n *node, w kvevent.Worker, tw *treeWorker, tier kvevent.Tier) {
+	c, held := n.workers[w]
+	c[tier]++
+	n.workers[w] = c
+	if !held {
+		tw.nodes++
+		t.size++
+	}
+}
+
+func (t *Tree) remove(w kvevent.Worker, hashes []uint64, tier kvevent.Tier) error {
 	tw := t.workers[w]
 	missing := 0
 	for _, h := range hashes {
-		var n *node
+		var nm name
 		if tw != nil {
-			n = tw.names[h]
+			nm = tw.names[h]
 		}
-		if n == nil {
+		if !nm.tiers.Has(tier) {
 			missing++
 			continue
 		}
-		delete(tw.names, h)
-		t.unname(n, w, tw)
+		if rest := nm.tiers &^ tier.Set(); rest != 0 {
+			tw.names[h] = name{nm.n, rest}
+		} else {
+			delete(tw.names, h)
+		}
+		t.unname(nm.n, w, tw, tier.Set())
 	}
 	if missing > 0 {
 		return &MissingBlocksError{Worker: w, Missing: missing, Of: len(hashes)}
@@ -135,20 +172,40 @@ func (t *Tree) remove(w kvevent.Worker, hashes []uint64) error {
 	return nil
 }
 
-func (t *Tree) clear(w kvevent.Worker) {
-	if tw := t.workers[w]; tw != nil {
-		for _, n := range tw.names {
-			t.unname(n, w, tw)
-		}
+// clear drops everything w holds in tier.
+func (t *Tree) clear(w kvevent.Worker, tier kvevent.Tier) {
+	tw := t.workers[w]
+	if tw == nil {
+		return
 	}
-	delete(t.workers, w)
+	for h, nm := range tw.names {
+		if !nm.tiers.Has(tier) {
+			continue
+		}
+		if rest := nm.tiers &^ tier.Set(); rest != 0 {
+			tw.names[h] = name{nm.n, rest}
+		} else {
+			delete(tw.names, h)
+		}
+		t.unname(nm.n, w, tw, tier.Set())
+	}
+	if len(tw.names) == 0 {
+		delete(t.workers, w)
+	}
 }
 
-// unname drops one engine hash of w naming n (the caller's map entry is
-// the caller's to delete); w leaves n with its last alias, and the nodes
-// left empty and childless are unlinked.
-func (t *Tree) unname(n *node, w kvevent.Worker, tw *treeWorker) {
-	if n.workers[w]--; n.workers[w] > 0 {
+// unname drops one engine hash of w naming n in tiers (the caller's map
+// entry is the caller's to change); w leaves n with its last alias in its
+// last tier, and the nodes left empty and childless are unlinked.
+func (t *Tree) unname(n *node, w kvevent.Worker, tw *treeWorker, tiers kvevent.TierSet) {
+	c := n.workers[w]
+	for _, tier := range kvevent.Tiers {
+		if tiers.Has(tier) {
+			c[tier]--
+		}
+	}
+	if c.set() != 0 {
+		n.workers[w] = c
 		return
 	}
 	delete(n.workers, w)
@@ -164,7 +221,9 @@ func (t *Tree) unname(n *node, w kvevent.Worker, tw *treeWorker) {
 func (t *Tree) RemoveWorker(id kvevent.WorkerID) {
 	for w := range t.workers {
 		if w.ID == id {
-			t.clear(w)
+			for _, tier := range kvevent.Tiers {
+				t.clear(w, tier)
+			}
 		}
 	}
 }
@@ -187,14 +246,16 @@ func (t *Tree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
 			break
 		}
 		if i == 0 {
-			for w := range child.workers {
-				active = append(active, w)
+			for w, c := range child.workers {
+				if c[kvevent.TierDevice] > 0 {
+					active = append(active, w)
+				}
 			}
 			res = newScores(len(active))
 		}
 		keep := active[:0]
 		for _, w := range active {
-			if _, ok := child.workers[w]; ok {
+			if child.workers[w][kvevent.TierDevice] > 0 {
 				keep = append(keep, w)
 			} else {
 				res.Scores[w] = uint32(i)
@@ -221,6 +282,72 @@ func (t *Tree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
 	return res
 }
 
+// FindTierMatches implements TierIndex: the walk of FindMatches, keeping
+// per worker the nearest tier whose cumulative prefix is still growing.
+func (t *Tree) FindTierMatches(local []uint64) TierScores {
+	t.ready()
+	res := TierScores{Scores: map[kvevent.Worker][kvevent.NumTiers]uint32{}, TreeSizes: map[kvevent.Worker]int{}}
+	type walk struct {
+		w    kvevent.Worker
+		near int // the nearest tier whose prefix still grows
+	}
+	var active []walk
+	cur := t.root
+	depth := 0
+	for i, h := range local {
+		child := cur.children[h]
+		if child == nil {
+			break
+		}
+		if i == 0 {
+			for w := range child.workers {
+				active = append(active, walk{w: w})
+				res.Scores[w] = [kvevent.NumTiers]uint32{}
+			}
+		}
+		keep := active[:0]
+		for _, a := range active {
+			near := nearestTier(child.workers[a.w].set())
+			if near > a.near {
+				sc := res.Scores[a.w]
+				for l := a.near; l < near; l++ {
+					sc[l] = uint32(i)
+				}
+				res.Scores[a.w], a.near = sc, near
+			}
+			if a.near < kvevent.NumTiers {
+				keep = append(keep, a)
+			}
+		}
+		active = keep
+		if len(active) == 0 {
+			break
+		}
+		cur, depth = child, i+1
+	}
+	for _, a := range active {
+		sc := res.Scores[a.w]
+		for l := a.near; l < kvevent.NumTiers; l++ {
+			sc[l] = uint32(depth)
+		}
+		res.Scores[a.w] = sc
+	}
+	for w := range res.Scores {
+		res.TreeSizes[w] = t.workers[w].nodes
+	}
+	return res
+}
+
+// nearestTier returns the nearest tier in s, or NumTiers if s is empty.
+func nearestTier(s kvevent.TierSet) int {
+	for l, tier := range kvevent.Tiers {
+		if s.Has(tier) {
+			return l
+		}
+	}
+	return kvevent.NumTiers
+}
+
 // Dump implements Index. It walks the tree breadth first, so parents come
 // before children.
 func (t *Tree) Dump() []kvevent.RouterEvent { return collect(t.dumpEach) }
@@ -237,11 +364,12 @@ func (t *Tree) dumpEach(yield func(kvevent.RouterEvent)) {
 			_, ok := t.workers[w].names[h]
 			return ok
 		},
+		tiers: func(w kvevent.Worker, h uint64) kvevent.TierSet { return t.workers[w].names[h].tiers },
 	}
 	// Invert each worker's map: which engine hashes name a held node.
 	for w, tw := range t.workers {
-		for h, n := range tw.names {
-			d.addHeld(w, n, h)
+		for h, nm := range tw.names {
+			d.addHeld(w, nm.n, h)
 		}
 	}
 	queue := []*node{t.root}

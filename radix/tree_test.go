@@ -14,8 +14,30 @@ func TestTreeConformance(t *testing.T) {
 	radixtest.Run(t, func() radix.Index { return radix.NewTree() })
 }
 
+func TestTreeTiers(t *testing.T) {
+	radixtest.RunTiers(t, func() radix.TierIndex { return radix.NewTree() })
+}
+
 func FuzzTree(f *testing.F) {
 	fuzzIndex(f, func() radix.Index { return radix.NewTree() })
+}
+
+// FuzzTreeTiers runs fuzz-chosen tiered streams against the model.
+func FuzzTreeTiers(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		src := &radixtest.Bytes{B: b}
+		g := &radixtest.Gen{Src: src, Model: radixtest.NewModel(), Tiers: true}
+		tree := radix.NewTree()
+		for !src.Exhausted() {
+			if !radixtest.Step(t, tree, g) {
+				return
+			}
+			if err := radix.TreeInvariants(tree); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 }
 
 // TestTreeStructure runs random streams and checks the tree's links after

@@ -61,8 +61,12 @@ type Gen struct {
 	// hashes mostly follow one path, so that long runs form, are shared by
 	// workers, and are cut short by removals.
 	MaxBlocks int
-	next      uint64
-	id        uint64
+	// Tiers draws each event's tier (half of them the device), for
+	// indexes that keep tiers (radix.TierIndex); without it every event is
+	// the device's and the streams are those of before.
+	Tiers bool
+	next  uint64
+	id    uint64
 }
 
 // Next returns the next op; events are applied to g.Model by the caller.
@@ -76,6 +80,9 @@ func (g *Gen) Next() Op {
 	w := kvevent.Worker{ID: id, DPRank: kvevent.DPRank(g.Src.IntN(2))}
 	g.id++
 	ev := kvevent.RouterEvent{WorkerID: w.ID, Event: kvevent.Event{ID: g.id, DPRank: w.DPRank}}
+	if g.Tiers {
+		ev.Tier = [...]kvevent.Tier{0, 0, 0, 0, 1, 1, 2, 3}[g.Src.IntN(8)]
+	}
 	switch c := g.Src.IntN(20); {
 	case c < 9:
 		ev.Event.Data = g.stored(w)

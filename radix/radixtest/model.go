@@ -16,15 +16,18 @@ import (
 )
 
 // Model is the deliberately naive statement of radix.Index semantics: per
-// worker, the engine hashes it used and the prefix path each names (a path
-// is the string of its local hashes); the worker holds every path some hash
-// names. It has no tree at all.
+// worker, the engine hashes it used, the prefix path each names (a path is
+// the string of its local hashes) and the tiers it holds it in; the worker
+// holds every path some hash names, in the tiers of those hashes. It has
+// no tree at all. Streams of the device tier alone are every index's
+// semantics; other tiers are radix.TierIndex's.
 type Model struct {
 	workers map[kvevent.Worker]*modelWorker
 }
 
 type modelWorker struct {
-	byHash map[uint64]string // engine hash -> path
+	byHash map[uint64]string          // engine hash -> path
+	tiers  map[uint64]kvevent.TierSet // engine hash -> the tiers it is held in
 }
 
 // byPath returns every path w holds with its engine hashes, sorted.
@@ -39,14 +42,22 @@ func (mw *modelWorker) byPath() map[string][]uint64 {
 	return out
 }
 
-// holds reports whether some engine hash names path.
-func (mw *modelWorker) holds(path string) bool {
-	for _, p := range mw.byHash {
-		if p == path {
+// holds reports whether some engine hash names path in a tier of in.
+func (mw *modelWorker) holds(path string, in func(kvevent.TierSet) bool) bool {
+	for h, p := range mw.byHash {
+		if p == path && in(mw.tiers[h]) {
 			return true
 		}
 	}
 	return false
+}
+
+// drop takes tier away from h.
+func (mw *modelWorker) drop(h uint64, tier kvevent.Tier) {
+	if mw.tiers[h] &^= tier.Set(); mw.tiers[h] == 0 {
+		delete(mw.byHash, h)
+		delete(mw.tiers, h)
+	}
 }
 
 // NewModel returns an empty model.
@@ -70,7 +81,7 @@ func (m *Model) Apply(ev kvevent.RouterEvent) error {
 	w := ev.Worker()
 	mw := m.workers[w]
 	if mw == nil {
-		mw = &modelWorker{byHash: map[uint64]string{}}
+		mw = &modelWorker{byHash: map[uint64]string{}, tiers: map[uint64]kvevent.TierSet{}}
 	}
 	switch d := ev.Event.Data.(type) {
 	case kvevent.Stored:
@@ -92,22 +103,34 @@ func (m *Model) Apply(ev kvevent.RouterEvent) error {
 		m.workers[w] = mw
 		for _, b := range d.Blocks {
 			path = extend(path, b.TokensHash)
-			mw.byHash[b.BlockHash] = path // a new alias, or renamed
+			if mw.byHash[b.BlockHash] == path {
+				mw.tiers[b.BlockHash] |= ev.Tier.Set() // held here in one more tier
+				continue
+			}
+			mw.byHash[b.BlockHash] = path // a new alias, or renamed: in this tier only
+			mw.tiers[b.BlockHash] = ev.Tier.Set()
 		}
 	case kvevent.Removed:
 		missing := 0
 		for _, h := range d.BlockHashes {
-			if _, ok := mw.byHash[h]; !ok {
+			if !mw.tiers[h].Has(ev.Tier) {
 				missing++
 				continue
 			}
-			delete(mw.byHash, h)
+			mw.drop(h, ev.Tier)
 		}
 		if missing > 0 {
 			return fmt.Errorf("%w: %d (model)", radix.ErrBlockNotFound, missing)
 		}
 	case kvevent.Cleared:
-		delete(m.workers, w)
+		for h := range mw.byHash {
+			if mw.tiers[h].Has(ev.Tier) {
+				mw.drop(h, ev.Tier)
+			}
+		}
+		if len(mw.byHash) == 0 {
+			delete(m.workers, w)
+		}
 	default:
 		return radix.ErrInvalidEvent
 	}
@@ -123,24 +146,54 @@ func (m *Model) RemoveWorker(id kvevent.WorkerID) {
 	}
 }
 
-// Scores returns, for each worker holding at least block 0 of local, how
-// many consecutive blocks from block 0 it holds.
+// Scores returns, for each worker holding at least block 0 of local on
+// the device, how many consecutive blocks from block 0 it holds there.
 func (m *Model) Scores(local []uint64) map[kvevent.Worker]uint32 {
 	out := map[kvevent.Worker]uint32{}
 	for w, mw := range m.workers {
-		path, n := "", uint32(0)
-		for _, h := range local {
-			path = extend(path, h)
-			if !mw.holds(path) {
-				break
-			}
-			n++
-		}
-		if n > 0 {
+		if n := mw.prefix(local, func(s kvevent.TierSet) bool { return s.Has(kvevent.TierDevice) }); n > 0 {
 			out[w] = n
 		}
 	}
 	return out
+}
+
+// TierScores returns, for each worker holding at least block 0 of local
+// in some tier, per tier t the consecutive blocks from block 0 it holds in
+// t or a nearer tier (radix.TierScores).
+func (m *Model) TierScores(local []uint64) map[kvevent.Worker][kvevent.NumTiers]uint32 {
+	out := map[kvevent.Worker][kvevent.NumTiers]uint32{}
+	for w, mw := range m.workers {
+		var sc [kvevent.NumTiers]uint32
+		for _, t := range kvevent.Tiers {
+			sc[t] = mw.prefix(local, func(s kvevent.TierSet) bool { return s.UpTo(t) })
+		}
+		if sc[kvevent.TierExternal] > 0 {
+			out[w] = sc
+		}
+	}
+	return out
+}
+
+// prefix counts the leading blocks of local mw holds in a tier of in.
+func (mw *modelWorker) prefix(local []uint64, in func(kvevent.TierSet) bool) uint32 {
+	path, n := "", uint32(0)
+	for _, h := range local {
+		path = extend(path, h)
+		if !mw.holds(path, in) {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// Tiers returns the tiers in which w holds engine hash h.
+func (m *Model) Tiers(w kvevent.Worker, h uint64) kvevent.TierSet {
+	if mw := m.workers[w]; mw != nil {
+		return mw.tiers[h]
+	}
+	return 0
 }
 
 // Size returns the number of (worker, path) pairs held.
@@ -205,6 +258,11 @@ func (m *Model) Diff(o *Model) string {
 		if !maps.EqualFunc(a, b, slices.Equal) {
 			return fmt.Sprintf("worker %v holds %d paths in one and %d in the other (or different hashes)", w, len(a), len(b))
 		}
+		for _, h := range m.Hashes(w) {
+			if x, y := m.Tiers(w, h), o.Tiers(w, h); x != y {
+				return fmt.Sprintf("worker %v holds hash %#x in tiers %04b in one and %04b in the other", w, h, x, y)
+			}
+		}
 	}
 	return ""
 }
@@ -214,9 +272,6 @@ func (m *Model) Diff(o *Model) string {
 func FromDump(idx radix.Index) (*Model, error) {
 	m := NewModel()
 	for i, ev := range idx.Dump() {
-		if !ev.Tier.IsGPU() {
-			return nil, fmt.Errorf("dump event %d has tier %v", i, ev.Tier)
-		}
 		if err := m.Apply(ev); err != nil {
 			return nil, fmt.Errorf("dump event %d (%v): %w", i, ev.Event.Data.Kind(), err)
 		}

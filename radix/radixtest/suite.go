@@ -291,6 +291,7 @@ func Check(t testing.TB, idx radix.Index, model *Model, query []uint64) {
 			t.Fatalf("query %v: tree size of %v is %d, model says %d", query, w, got.TreeSizes[w], model.TreeSize(w))
 		}
 	}
+	checkTiers(t, idx, model, query)
 	if idx.Size() != model.Size() {
 		t.Fatalf("size %d, model says %d", idx.Size(), model.Size())
 	}
