@@ -62,10 +62,18 @@ type Indexer interface {
 	Observe(f func(ev kvevent.RouterEvent, err error))
 }
 
+// TierIndexer is an Indexer that reports every tier: a worker's cumulative
+// prefix on the device, on the device or the host, and so on
+// (radix.TierScores). NewSingleTiers keeps every tier.
+type TierIndexer interface {
+	Indexer
+	FindTierMatches(local []uint64) (radix.TierScores, error)
+}
+
 // Stats are an indexer's counters since it started.
 type Stats struct {
 	Applied        uint64 // events applied without error
-	IgnoredTier    uint64 // non-Device events, not indexed
+	IgnoredTier    uint64 // non-Device events, not indexed (all but NewSingleTiers)
 	ParentNotFound uint64 // Stored events rejected: parent unknown
 	BlockNotFound  uint64 // Removed events with unknown hashes (rest applied)
 	BlocksNotFound uint64 // the unknown hashes in those events

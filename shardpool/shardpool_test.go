@@ -399,3 +399,31 @@ func TestClearedClearsOneRank(t *testing.T) {
 		}
 	})
 }
+
+// NewSingleTiers keeps the host-pinned store: not in the device scores,
+// but in the device-or-host prefix; an offload (the device copy removed)
+// leaves it there.
+func TestSingleTiers(t *testing.T) {
+	idx := shardpool.NewSingleTiers(4)
+	defer idx.Close()
+	tokens := []uint32{1, 2, 3, 4}
+	w7 := kvevent.Worker{ID: 7}
+	check(t, idx.ApplyEvent(storedTokens(kvevent.TierDevice, tokens)))
+	check(t, idx.ApplyEvent(storedTokens(kvevent.TierHostPinned, tokens)))
+	check(t, idx.ApplyEvent(kvevent.RouterEvent{WorkerID: 7, Event: kvevent.Event{ID: 2, Data: kvevent.Removed{BlockHashes: []uint64{100}}}}))
+	flush(t, idx)
+	local := hashing.LocalHashes(nil, tokens, 4, hashing.Options{})
+	got, err := idx.FindTierMatches(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := ([kvevent.NumTiers]uint32{0, 1, 1, 1}); got.Scores[w7] != want {
+		t.Fatalf("tier scores %v, want worker 7 at %v", got.Scores, want)
+	}
+	if d := find(t, idx, tokens, ""); len(d.Scores) != 0 {
+		t.Fatalf("device scores %v after the offload", d.Scores)
+	}
+	if st := idx.Stats(); st.IgnoredTier != 0 || st.Applied != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+}

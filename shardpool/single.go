@@ -15,11 +15,12 @@ import (
 //
 // All methods are safe for concurrent use.
 type Single struct {
-	h    *hasher
-	ch   chan msg
-	gate gate
-	done chan struct{}
-	c    counters
+	h     *hasher
+	ch    chan msg
+	gate  gate
+	done  chan struct{}
+	c     counters
+	tiers bool // keep every tier (NewSingleTiers)
 }
 
 type msgKind uint8
@@ -27,6 +28,7 @@ type msgKind uint8
 const (
 	msgEvent msgKind = iota
 	msgMatch
+	msgTierMatch
 	msgRemove
 	msgFlush
 )
@@ -41,6 +43,7 @@ type msg struct {
 
 type result struct {
 	scores radix.OverlapScores
+	tiers  radix.TierScores
 	n      int
 }
 
@@ -52,7 +55,19 @@ func NewSingle(blockSize int) *Single {
 	return s
 }
 
-var _ Indexer = (*Single)(nil)
+// NewSingleTiers is NewSingle keeping every tier: events of the host,
+// disk and external tiers are indexed too (radix.TierIndex), and
+// FindTierMatches reports each worker's cumulative prefix per tier.
+func NewSingleTiers(blockSize int) *Single {
+	s := NewSingle(blockSize)
+	s.tiers = true
+	return s
+}
+
+var (
+	_ Indexer     = (*Single)(nil)
+	_ TierIndexer = (*Single)(nil)
+)
 
 func (s *Single) run(tree *radix.Tree) {
 	defer close(s.done)
@@ -65,6 +80,8 @@ func (s *Single) run(tree *radix.Tree) {
 			applied++
 		case msgMatch:
 			m.reply <- result{scores: tree.FindMatches(m.local, false)}
+		case msgTierMatch:
+			m.reply <- result{tiers: tree.FindTierMatches(m.local)}
 		case msgRemove:
 			tree.RemoveWorker(m.id)
 			s.c.pairs.Store(int64(tree.Size()))
@@ -97,7 +114,7 @@ func (s *Single) call(m msg) (result, error) {
 
 // ApplyEvent implements Indexer.
 func (s *Single) ApplyEvent(ev kvevent.RouterEvent) error {
-	if !ev.Tier.IsGPU() {
+	if !ev.Tier.IsGPU() && !s.tiers {
 		if err := s.gate.usable(); err != nil {
 			return err
 		}
@@ -116,6 +133,13 @@ func (s *Single) ApplyEvent(ev kvevent.RouterEvent) error {
 func (s *Single) FindMatches(local []uint64) (radix.OverlapScores, error) {
 	r, err := s.call(msg{kind: msgMatch, local: local})
 	return r.scores, err
+}
+
+// FindTierMatches implements TierIndexer; without NewSingleTiers only the
+// device tier is held, so every tier's prefix is the device's.
+func (s *Single) FindTierMatches(local []uint64) (radix.TierScores, error) {
+	r, err := s.call(msg{kind: msgTierMatch, local: local})
+	return r.tiers, err
 }
 
 // FindMatchesForRequest implements Indexer.
