@@ -23,15 +23,21 @@ const (
 	// KV matches each request against the workers' cached blocks and
 	// schedules it by cost (see Scheduler).
 	KV
+	// KVTiers is KV counting every tier a worker caches blocks in, each
+	// block's saved prefill weighed by its tier (Config.TierWeights), over
+	// an indexer that keeps tiers (shardpool.TierIndexer).
+	KVTiers
 )
 
-// String returns "round_robin" or "kv".
+// String returns "round_robin", "kv" or "kv_tiers".
 func (m Mode) String() string {
 	switch m {
 	case RoundRobin:
 		return "round_robin"
 	case KV:
 		return "kv"
+	case KVTiers:
+		return "kv_tiers"
 	}
 	return fmt.Sprintf("mode(%d)", int(m))
 }
@@ -58,6 +64,10 @@ type Config struct {
 	TrackPrefillTokens bool    // count active prefill tokens in the cost (true)
 	Seed               uint64  // seeds tie-breaks and sampling (0)
 	DPSize             int     // data-parallel ranks per worker (1); 0 means 1
+	// TierWeights is the prefill a cached block saves per tier, in
+	// KVTiers mode (SchedulerConfig.TierWeights; all zero:
+	// DefaultTierWeights: device 1, host 0.8, disk 0.5, external 0.3).
+	TierWeights [kvevent.NumTiers]float64
 	// OnAdmit, if set, hears every KV-mode admission (for sharing load
 	// with other replicas: see package cluster). It runs on the caller's
 	// goroutine after the decision and must be quick.
@@ -126,8 +136,9 @@ type Router struct {
 }
 
 // New returns a router with its own indexer: the single-threaded one for
-// IndexerLanes 1, else a pool of that many lanes over the compressed index.
-// Invalid configuration is an error.
+// IndexerLanes 1, else a pool of that many lanes over the compressed index;
+// in KVTiers mode the single-threaded one keeping every tier, whatever
+// IndexerLanes says. Invalid configuration is an error.
 func New(mode Mode, cfg Config, numWorkers int) (*Router, error) {
 	if cfg.IndexerLanes < 1 {
 		return nil, fmt.Errorf("router: %d indexer lanes, want >= 1", cfg.IndexerLanes)
@@ -136,7 +147,10 @@ func New(mode Mode, cfg Config, numWorkers int) (*Router, error) {
 		return nil, err
 	}
 	var idx shardpool.Indexer
-	if mode == KV {
+	switch {
+	case mode == KVTiers:
+		idx = shardpool.NewSingleTiers(cfg.BlockSize)
+	case mode == KV:
 		if cfg.IndexerLanes == 1 {
 			idx = shardpool.NewSingle(cfg.BlockSize)
 		} else {
@@ -158,15 +172,18 @@ func NewWithIndexer(mode Mode, cfg Config, numWorkers int, idx shardpool.Indexer
 	if err := validate(mode, cfg, numWorkers); err != nil {
 		return nil, err
 	}
-	if (mode == KV) != (idx != nil) {
-		return nil, fmt.Errorf("router: %v mode with indexer %v: KV mode needs one, round robin none", mode, idx)
+	if (mode != RoundRobin) != (idx != nil) {
+		return nil, fmt.Errorf("router: %v mode with indexer %v: KV modes need one, round robin none", mode, idx)
+	}
+	if _, ok := idx.(shardpool.TierIndexer); mode == KVTiers && !ok {
+		return nil, fmt.Errorf("router: %v mode needs an indexer that keeps tiers (shardpool.NewSingleTiers)", mode)
 	}
 	return newRouter(mode, cfg, numWorkers, idx)
 }
 
 func validate(mode Mode, cfg Config, numWorkers int) error {
 	switch {
-	case mode != RoundRobin && mode != KV:
+	case mode != RoundRobin && mode != KV && mode != KVTiers:
 		return fmt.Errorf("router: unknown mode %d", int(mode))
 	case numWorkers <= 0:
 		return fmt.Errorf("router: %d workers, want > 0", numWorkers)
@@ -194,12 +211,13 @@ func newRouter(mode Mode, cfg Config, numWorkers int, idx shardpool.Indexer) (*R
 		MaxBatchedTokens:   cfg.MaxBatchedTokens,
 		TrackPrefillTokens: cfg.TrackPrefillTokens,
 		Seed:               cfg.Seed,
+		TierWeights:        cfg.TierWeights,
 	}, workers)
 	if err != nil {
 		return nil, err
 	}
 	r := &Router{mode: mode, cfg: cfg, n: numWorkers, dp: dp}
-	if mode == KV {
+	if mode != RoundRobin {
 		r.sched, r.indexer = sched, idx
 	}
 	return r, nil
@@ -318,21 +336,37 @@ func (r *Router) SelectWorkerRank(ctx context.Context, req Request) (kvevent.Wor
 	} else if bs := r.cfg.BlockSize; isl < len(local)*bs || isl >= (len(local)+1)*bs {
 		return kvevent.Worker{}, fmt.Errorf("router: request %v: %d local hashes of %d-token blocks do not make a %d-token prompt", req.UUID, len(local), bs, isl)
 	}
-	scores, err := r.indexer.FindMatches(local)
-	if err != nil {
+	sr := SchedRequest{ID: req.UUID, ISL: isl, Blocks: hashing.SequenceHashes(local[:0:0], local)}
+	if err := r.match(&sr, local); err != nil {
 		return kvevent.Worker{}, r.shutdownErr(err)
-	}
-	sr := SchedRequest{
-		ID:       req.UUID,
-		ISL:      isl,
-		Blocks:   hashing.SequenceHashes(local[:0:0], local),
-		Overlaps: scores.Scores,
 	}
 	w, err := r.sched.Schedule(ctx, sr)
 	if err == nil && r.cfg.OnAdmit != nil {
 		r.cfg.OnAdmit(req.UUID, Admission{Worker: w, ISL: sr.ISL, Blocks: sr.Blocks, Overlap: sr.Overlaps[w]})
 	}
 	return w, err
+}
+
+// match fills sr's overlaps from the indexer: the device's, and in
+// KVTiers mode every tier's.
+func (r *Router) match(sr *SchedRequest, local []uint64) error {
+	if r.mode != KVTiers {
+		scores, err := r.indexer.FindMatches(local)
+		sr.Overlaps = scores.Scores
+		return err
+	}
+	tiers, err := r.indexer.(shardpool.TierIndexer).FindTierMatches(local)
+	if err != nil {
+		return err
+	}
+	sr.TierOverlaps = tiers.Scores
+	sr.Overlaps = make(map[kvevent.Worker]uint32, len(tiers.Scores))
+	for w, cum := range tiers.Scores {
+		if cum[kvevent.TierDevice] > 0 {
+			sr.Overlaps[w] = cum[kvevent.TierDevice]
+		}
+	}
+	return nil
 }
 
 // Admission is a KV-mode routing decision as another router replica needs
@@ -356,8 +390,8 @@ func (r *Router) AdmitRemote(id uuid.UUID, a Admission) error {
 	switch {
 	case r.closed.Load():
 		return ErrShutdown
-	case r.mode != KV:
-		return errors.New("router: remote load needs KV mode")
+	case r.mode == RoundRobin:
+		return errors.New("router: remote load needs a KV mode")
 	}
 	n, bs := len(a.Blocks), r.cfg.BlockSize
 	if n > kvevent.MaxBlocks || a.ISL < n*bs || a.ISL >= (n+1)*bs || int(a.Overlap) > n {

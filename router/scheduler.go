@@ -54,7 +54,17 @@ type SchedulerConfig struct {
 	MaxBatchedTokens   int     // the engines' max_num_batched_tokens
 	TrackPrefillTokens bool    // count active prefill tokens in the cost
 	Seed               uint64  // seeds tie-breaks and sampling
+	// TierWeights is the prefill a block saves when cached in each tier
+	// (indexed by kvevent.Tier), for requests that carry TierOverlaps: a
+	// device block saves its whole prefill, one on the host most of it
+	// (loading it back costs a transfer), disk and external less. All
+	// zero: DefaultTierWeights.
+	TierWeights [kvevent.NumTiers]float64
 }
+
+// DefaultTierWeights are SchedulerConfig.TierWeights' defaults: device 1,
+// host 0.8, disk 0.5, external 0.3.
+var DefaultTierWeights = [kvevent.NumTiers]float64{1, 0.8, 0.5, 0.3}
 
 // SchedRequest is what the scheduler needs of a request.
 type SchedRequest struct {
@@ -66,6 +76,11 @@ type SchedRequest struct {
 	// Overlaps are the cached leading blocks per worker (the indexer's
 	// scores); absent workers have none.
 	Overlaps map[kvevent.Worker]uint32
+	// TierOverlaps, if set, are the leading blocks per worker cached in
+	// each tier or a nearer one (radix.TierScores); the prefill a worker
+	// saves is then weighed by tier (SchedulerConfig.TierWeights) instead
+	// of counting Overlaps' device blocks whole.
+	TierOverlaps map[kvevent.Worker][kvevent.NumTiers]uint32
 }
 
 // PotentialLoad is a worker's projected load if a request were placed on it.
@@ -82,6 +97,8 @@ type PotentialLoad struct {
 // by cost:
 //
 //	prefill_blocks = (active_prefill_tokens + isl - overlap·block_size) / block_size
+//	overlap        = the device blocks, or with TierOverlaps
+//	                 Σ_tier weight(tier) · the blocks first cached in that tier
 //	decode_blocks  = active unique blocks + the request's new blocks
 //	cost           = overlap_weight · prefill_blocks + decode_blocks
 //
@@ -119,7 +136,9 @@ type Scheduler struct {
 	closed  bool
 
 	// scratch, reused under mu
-	overlap    []uint32
+	overlap []uint32
+	saved   []float64 // prompt tokens cached, weighed by tier
+
 	hits       []int32
 	touched    []int32 // workers with an overlap
 	hitWorkers []int32 // workers with hits
@@ -161,6 +180,14 @@ func NewScheduler(cfg SchedulerConfig, workers []kvevent.Worker) (*Scheduler, er
 	case len(workers) == 0:
 		return nil, errors.New("router: no workers")
 	}
+	if cfg.TierWeights == ([kvevent.NumTiers]float64{}) {
+		cfg.TierWeights = DefaultTierWeights
+	}
+	for t, w := range cfg.TierWeights {
+		if !finiteNonNegative(w) {
+			return nil, fmt.Errorf("router: %v tier weight %v, want finite and >= 0", kvevent.Tier(t), w)
+		}
+	}
 	n := len(workers)
 	s := &Scheduler{
 		cfg:     cfg,
@@ -174,6 +201,7 @@ func NewScheduler(cfg SchedulerConfig, workers []kvevent.Worker) (*Scheduler, er
 		waiting: map[uuid.UUID]struct{}{},
 		rng:     rand.New(rand.NewPCG(cfg.Seed, 0x6b76726164697821)),
 		overlap: make([]uint32, n),
+		saved:   make([]float64, n),
 		hits:    make([]int32, n),
 		costs:   make([]float64, n),
 	}
@@ -281,10 +309,28 @@ func (s *Scheduler) allBusy() bool {
 
 // prepare fills the scratch overlap and hit counts for req.
 func (s *Scheduler) prepare(req SchedRequest) {
+	bs := float64(s.cfg.BlockSize)
 	for w, o := range req.Overlaps {
 		if i, ok := s.index[w]; ok {
-			s.overlap[i] = o
+			s.overlap[i], s.saved[i] = o, float64(o)*bs
 			s.touched = append(s.touched, int32(i))
+		}
+	}
+	if req.TierOverlaps != nil {
+		for w, cum := range req.TierOverlaps {
+			i, ok := s.index[w]
+			if !ok {
+				continue
+			}
+			if s.overlap[i] == 0 {
+				s.touched = append(s.touched, int32(i)) // cached off the device only
+			}
+			saved, prev := 0.0, uint32(0)
+			for t, c := range cum {
+				saved += s.cfg.TierWeights[t] * float64(c-min(prev, c))
+				prev = max(prev, c)
+			}
+			s.saved[i] = saved * bs
 		}
 	}
 	for _, h := range req.Blocks {
@@ -300,7 +346,7 @@ func (s *Scheduler) prepare(req SchedRequest) {
 // reset zeroes the scratch prepare filled.
 func (s *Scheduler) reset(req SchedRequest) {
 	for _, i := range s.touched {
-		s.overlap[i] = 0
+		s.overlap[i], s.saved[i] = 0, 0
 	}
 	s.touched = s.touched[:0]
 	for _, i := range s.hitWorkers {
@@ -309,9 +355,10 @@ func (s *Scheduler) reset(req SchedRequest) {
 	s.hitWorkers = s.hitWorkers[:0]
 }
 
-// prefillTokens is the request's uncached prompt on worker i.
+// prefillTokens is the request's uncached prompt on worker i (with tiers,
+// the prompt less the tokens its cache saves, weighed by tier).
 func (s *Scheduler) prefillTokens(isl, i int) int {
-	return max(0, isl-int(s.overlap[i])*s.cfg.BlockSize)
+	return max(0, isl-int(math.Round(s.saved[i])))
 }
 
 // newBlocks is how many blocks the request adds to worker i's active set.
@@ -327,7 +374,7 @@ func (s *Scheduler) fillCosts(req SchedRequest) {
 	base := len(req.Blocks)
 	track := s.cfg.TrackPrefillTokens
 	for i := range s.costs {
-		pre := max(0, req.ISL-int(s.overlap[i])*bs)
+		pre := s.prefillTokens(req.ISL, i)
 		if track {
 			pre += s.prefill[i]
 		}

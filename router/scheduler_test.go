@@ -420,3 +420,36 @@ func TestCostMatchesDynamoReference(t *testing.T) {
 		}
 	}
 }
+
+// With TierOverlaps, the prefill a worker saves is weighed by tier: 10
+// blocks on the host (0.8 each: 8 saved) beat 6 on the device, and lose
+// to 6 on the device with weights that make the host worth half; a worker
+// holding blocks off the device only is counted although it has no
+// device overlap.
+func TestTierWeights(t *testing.T) {
+	dev, host := kvevent.Worker{ID: 0}, kvevent.Worker{ID: 1}
+	req := func(i int) SchedRequest {
+		return SchedRequest{ID: id(i), ISL: 40, Blocks: []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10},
+			Overlaps:     map[kvevent.Worker]uint32{dev: 6},
+			TierOverlaps: map[kvevent.Worker][kvevent.NumTiers]uint32{dev: {6, 6, 6, 6}, host: {0, 10, 10, 10}}}
+	}
+	cfg := baseCfg()
+	cfg.OverlapWeight = 8
+	s := newSched(t, cfg, 2)
+	loads := s.PotentialLoads(req(1))
+	if loads[0].PrefillTokens != 40-24 || loads[1].PrefillTokens != 40-32 {
+		t.Fatalf("prefill tokens %d and %d, want 16 and 8", loads[0].PrefillTokens, loads[1].PrefillTokens)
+	}
+	if got, err := s.Schedule(context.Background(), req(1)); err != nil || got != host {
+		t.Fatalf("scheduled on %v (%v), want the host-holding worker", got, err)
+	}
+	cfg.TierWeights = [kvevent.NumTiers]float64{1, 0.5, 0.25, 0}
+	s = newSched(t, cfg, 2)
+	if got, err := s.Schedule(context.Background(), req(2)); err != nil || got != dev {
+		t.Fatalf("scheduled on %v (%v) with host weight 0.5, want the device-holding worker", got, err)
+	}
+	cfg.TierWeights[2] = math.Inf(1)
+	if _, err := NewScheduler(cfg, workers(2)); err == nil {
+		t.Fatal("an infinite tier weight was taken")
+	}
+}
