@@ -24,6 +24,7 @@ type EngineConfig struct {
 	BlockSize        int // tokens per block
 	MaxBatchedTokens int // tokens per step (max_num_batched_tokens)
 	MaxNumSeqs       int // running requests (max_num_seqs)
+	HostBlocks       int // blocks of the host tier the pool offloads to (0: none; see offload.go)
 }
 
 // PrefillMs is the reference mocker's fitted prefill step time for n new
@@ -41,9 +42,11 @@ func DecodeMs(p float64) float64 {
 
 // cblock is a registered (prefix-cached) block.
 type cblock struct {
-	hash       uint64
-	ref        int
-	prev, next *cblock // free-list links while ref == 0
+	hash          uint64
+	parent, local uint64 // the previous block's hash, and its tokens hash: to offload it
+	hasParent     bool
+	ref           int
+	prev, next    *cblock // free-list links while ref == 0
 }
 
 // request is a request's state inside an engine.
@@ -56,6 +59,7 @@ type request struct {
 	blocks   []*cblock
 	private  int // blocks held outside the prefix cache
 	hits     int // prompt blocks found cached at admission
+	loaded   int // prompt blocks after those, loaded back from the host
 	computed int // prompt tokens computed (cached ones included)
 	chunk    int // prompt tokens computed in the current step
 	tokens   int // output tokens generated
@@ -80,8 +84,9 @@ type engine struct {
 	running     []*request
 	busy        bool
 	eventID     uint64
-	evicted     []uint64
 	spare       []*cblock // evicted blocks, for newBlock to reuse
+	host        *hostTier // nil: no host tier
+	transfer    float64   // ms of host loads in the step being composed
 }
 
 // newBlock returns a registered block of hash h with one reference,
@@ -100,6 +105,9 @@ func (e *engine) newBlock(h uint64) *cblock {
 func newEngine(id int, rank kvevent.DPRank, cfg EngineConfig, sink router.EventSink) *engine {
 	e := &engine{id: id, rank: rank, cfg: cfg, sink: sink, unallocated: cfg.Blocks, cache: newBlockMap(cfg.Blocks)}
 	e.lru.prev, e.lru.next = &e.lru, &e.lru
+	if cfg.HostBlocks > 0 {
+		e.host = newHostTier(cfg.HostBlocks)
+	}
 	return e
 }
 
@@ -128,9 +136,11 @@ func blocksFor(isl, osl, bs int) int {
 	return int(min(n, math.MaxInt))
 }
 
-func (e *engine) publish(data kvevent.Data) {
+func (e *engine) publish(data kvevent.Data) { e.publishTier(data, kvevent.TierDevice) }
+
+func (e *engine) publishTier(data kvevent.Data, tier kvevent.Tier) {
 	e.eventID++
-	if err := e.sink.Publish(kvevent.Event{ID: e.eventID, DPRank: e.rank, Data: data}); err != nil {
+	if err := e.sink.PublishWithTier(kvevent.Event{ID: e.eventID, DPRank: e.rank, Data: data}, tier); err != nil {
 		e.sinkErrs++
 	}
 }
@@ -168,8 +178,10 @@ func (e *engine) admit(r *request) bool {
 		b.ref++
 		r.blocks[j] = b
 	}
+	loads := e.hostPrefix(r, hits)
+	var evicted []*cblock
 	if evict := need - e.unallocated; evict > 0 {
-		e.evicted = make([]uint64, 0, evict)
+		evicted = make([]*cblock, 0, evict)
 	}
 	for range need {
 		if e.unallocated > 0 {
@@ -179,17 +191,38 @@ func (e *engine) admit(r *request) bool {
 		b := e.lru.next
 		e.unlinkFree(b)
 		e.cache.del(b.hash)
-		e.evicted = append(e.evicted, b.hash)
-		e.spare = append(e.spare, b) // no request holds a free block
+		evicted = append(evicted, b)
 	}
-	if len(e.evicted) > 0 {
-		e.publish(kvevent.Removed{BlockHashes: e.evicted})
-		e.evicted = nil
-	}
+	e.evict(evicted)
 	r.private = need
-	r.hits = hits
-	r.computed = hits * e.cfg.BlockSize
+	r.hits, r.loaded = hits, loads
+	r.computed = (hits + loads) * e.cfg.BlockSize
+	if loads > 0 { // loaded back from the host: now on the device too
+		for _, h := range r.seq[hits : hits+loads] {
+			e.host.touch(h)
+		}
+		e.registerComputed(r, hits)
+		e.transfer += float64(loads*e.cfg.BlockSize) * HostLoadMs
+	}
 	return true
+}
+
+// evict publishes the blocks the device pool evicted (offloading them to
+// the host tier, if any) and keeps their structs for reuse.
+func (e *engine) evict(evicted []*cblock) {
+	if len(evicted) == 0 {
+		return
+	}
+	if e.host != nil {
+		e.evictToHost(evicted)
+	} else {
+		hashes := make([]uint64, len(evicted))
+		for i, b := range evicted {
+			hashes[i] = b.hash
+		}
+		e.publish(kvevent.Removed{BlockHashes: hashes})
+	}
+	e.spare = append(e.spare, evicted...) // no request holds a free block
 }
 
 // computed records that the prompt's blocks up to r.computed are full and
@@ -214,6 +247,10 @@ func (e *engine) registerComputed(r *request, from int) {
 			continue
 		}
 		b := e.newBlock(h)
+		b.hasParent, b.local = j > 0, r.local[j]
+		if j > 0 {
+			b.parent = r.seq[j-1]
+		}
 		e.cache.put(b)
 		r.blocks[j] = b
 		r.private--
@@ -280,11 +317,13 @@ func (e *engine) step() (float64, bool) {
 	if len(e.running) == 0 {
 		return 0, false
 	}
+	transfer := e.transfer
+	e.transfer = 0
 	// As the reference mocker's pass: the prefill chunks run first, then
 	// one decode iteration for every request that has all its tokens
 	// computed by then (decodes, and prefills completing in this step, whose
 	// first token it makes); a step with both costs both.
-	ms, decodes, active := 0.0, false, 0
+	ms, decodes, active := transfer, false, 0
 	if prefill > 0 {
 		ms = PrefillMs(prefill)
 	}

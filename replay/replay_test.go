@@ -302,3 +302,58 @@ func TestHugeOutputIsRejected(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The host tier by hand: a 20-block pool with a 20-block host tier. B's
+// admission evicts A's 13 tail blocks, which go to the host; C repeats A,
+// finds A's first 3 blocks on the device and loads the next 12 back from
+// the host (the last prompt token is always computed), at a transfer's
+// cost instead of a prefill's. The indexes follow every event, of both
+// tiers.
+func TestOffloadByHand(t *testing.T) {
+	reqs := []trace.Request{
+		{Timestamp: 0, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+		{Timestamp: 10_000, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{5, 6}},
+		{Timestamp: 20_000, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+	}
+	cfg := small()
+	cfg.Blocks = 20
+	plain := run(t, reqs, KV, cfg)
+	cfg.Offload = 1
+	for _, name := range []string{RoundRobin, KV, KVTiers} {
+		res := run(t, reqs, name, cfg)
+		if res.CachedTokens != 3*64 || res.LoadedTokens != 12*64 || res.RejectedEvents != 0 || res.UnpublishedEvts != 0 {
+			t.Fatalf("%s: %+v", name, res)
+		}
+		near(t, name+" reuse from the host", res.ReuseByTier.HostPinned, float64(12*64)/float64(3*1024))
+		near(t, name+" reuse", res.ReuseRatio, float64(15*64)/float64(3*1024))
+		if res.TTFT.Mean >= plain.TTFT.Mean {
+			t.Fatalf("%s: mean TTFT %v ms, not below %v without the host tier", name, res.TTFT.Mean, plain.TTFT.Mean)
+		}
+	}
+}
+
+// kv_tiers weighing every tier but the device at 0 decides exactly as kv;
+// with the host tier it keeps the index exact (no event refused) and
+// routes to blocks held on the host.
+func TestKVTiers(t *testing.T) {
+	sc := trace.DefaultSynth()
+	sc.Requests, sc.Rate = 400, 50
+	reqs, err := trace.Synthesize(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Workers, cfg.Blocks, cfg.Seed, cfg.Offload = 4, 256, 7, 2
+	kv := run(t, reqs, KV, cfg)
+	cfg.TierWeights = [kvevent.NumTiers]float64{1, 0, 0, 0}
+	blind := run(t, reqs, KVTiers, cfg)
+	blind.Router = KV
+	if !reflect.DeepEqual(kv, blind) {
+		t.Fatalf("kv_tiers with the host at 0 differs from kv:\n%+v\n%+v", blind, kv)
+	}
+	cfg.TierWeights = [kvevent.NumTiers]float64{}
+	tiers := run(t, reqs, KVTiers, cfg)
+	if tiers.RejectedEvents != 0 || tiers.UnpublishedEvts != 0 || tiers.LoadedTokens <= kv.LoadedTokens || tiers.Completed != 400 {
+		t.Fatalf("kv_tiers: %+v\nkv: %+v", tiers, kv)
+	}
+}

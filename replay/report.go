@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/router"
 	"github.com/kvradix/kvradix/trace"
 )
 
@@ -23,6 +25,7 @@ type Report struct {
 	BlockSize      int      `json:"block_size"`
 	Speedup        float64  `json:"speedup"`
 	Seed           uint64   `json:"seed"`
+	Offload        float64  `json:"offload,omitempty"` // host tier per engine, in device pools
 	ReusePooled    float64  `json:"reuse_pooled"`
 	ReuseUnbounded float64  `json:"reuse_unbounded"`
 	Results        []Result `json:"results"`
@@ -55,7 +58,7 @@ func compare(ctx context.Context, reqs []trace.Request, p *prompts, routers []st
 // newReport is an empty report of cfg's fleet for the routers.
 func newReport(cfg Config, routers []string) Report {
 	rep := Report{Workers: cfg.Workers, Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, Speedup: cfg.Speedup, Seed: cfg.Seed,
-		Results: make([]Result, len(routers))}
+		Offload: cfg.Offload, Results: make([]Result, len(routers))}
 	for i, name := range routers {
 		rep.Results[i].Router = name
 	}
@@ -134,6 +137,9 @@ const (
 	SetOverlapWeight  = "overlap_weight"
 	SetTemperature    = "temperature"
 	SetQueueThreshold = "queue_threshold"
+	// SetHostWeight is kv_tiers' weight of a host block (Config.TierWeights,
+	// the other tiers at their defaults); sweeping it sweeps kv_tiers.
+	SetHostWeight = "host_weight"
 )
 
 // Setting is one swept knob and its values.
@@ -143,7 +149,7 @@ type Setting struct {
 }
 
 // ParseSetting parses "name=v1,v2,...", name one of overlap_weight,
-// temperature, queue_threshold.
+// temperature, queue_threshold, host_weight.
 func ParseSetting(s string) (Setting, error) {
 	name, list, ok := strings.Cut(s, "=")
 	if !ok || list == "" {
@@ -172,8 +178,13 @@ func (c Config) with(name string, v float64) (Config, error) {
 		c.Temperature = v
 	case SetQueueThreshold:
 		c.QueueThreshold = v
+	case SetHostWeight:
+		if c.TierWeights == ([kvevent.NumTiers]float64{}) {
+			c.TierWeights = router.DefaultTierWeights
+		}
+		c.TierWeights[kvevent.TierHostPinned] = v
 	default:
-		return c, fmt.Errorf("sweep: unknown setting %q (want %s, %s or %s)", name, SetOverlapWeight, SetTemperature, SetQueueThreshold)
+		return c, fmt.Errorf("sweep: unknown setting %q (want %s, %s, %s or %s)", name, SetOverlapWeight, SetTemperature, SetQueueThreshold, SetHostWeight)
 	}
 	return c, nil
 }
@@ -193,7 +204,8 @@ type SweepReport struct {
 
 // Sweep replays the KV router once per combination of the settings' values
 // (their cartesian product, the first setting varying slowest), the other
-// knobs as in cfg. The router is kv_temp when temperature is swept, else kv.
+// knobs as in cfg. The router is kv_temp when temperature is swept,
+// kv_tiers when host_weight is, else kv.
 // The report's Results hold the round-robin and default KV baselines. If
 // ctx ends, it returns ctx's error with the points finished by then (the
 // others keep only their settings).
@@ -219,8 +231,11 @@ func sweep(ctx context.Context, reqs []trace.Request, p *prompts, settings []Set
 	routerName := KV
 	combos := []map[string]float64{{}}
 	for _, set := range settings {
-		if set.Name == SetTemperature {
+		switch set.Name {
+		case SetTemperature:
 			routerName = KVTemp
+		case SetHostWeight:
+			routerName = KVTiers
 		}
 		var next []map[string]float64
 		for _, c := range combos {

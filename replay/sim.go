@@ -23,11 +23,12 @@ const (
 	RoundRobin = "round_robin"
 	Random     = "random"
 	KV         = "kv"
-	KVTemp     = "kv_temp" // KV routing with Config.Temperature
+	KVTemp     = "kv_temp"  // KV routing with Config.Temperature
+	KVTiers    = "kv_tiers" // KV routing counting every tier (router.KVTiers)
 )
 
 // Routers lists every router name.
-var Routers = []string{RoundRobin, Random, KV, KVTemp}
+var Routers = []string{RoundRobin, Random, KV, KVTemp, KVTiers}
 
 // Config configures a replay.
 type Config struct {
@@ -44,6 +45,12 @@ type Config struct {
 	OverlapWeight    float64 // of the KV routers' cost (router.DefaultOverlapWeight)
 	QueueThreshold   float64 // of the KV routers' queue; 0: off (0)
 	IndexerLanes     int     // of the KV router's indexer (2)
+	// Offload gives each engine a host tier of Offload × Blocks blocks,
+	// which its device evictions go to (0: none; see offload.go).
+	Offload float64
+	// TierWeights are kv_tiers' (router.Config.TierWeights; all zero:
+	// router.DefaultTierWeights).
+	TierWeights [kvevent.NumTiers]float64
 }
 
 // DefaultConfig returns the defaults named on each field.
@@ -78,6 +85,13 @@ func (c Config) Validate() error {
 		return fmt.Errorf("replay: queue threshold %v, want finite and >= 0", c.QueueThreshold)
 	case c.IndexerLanes < 1:
 		return fmt.Errorf("replay: indexer lanes %d, want >= 1", c.IndexerLanes)
+	case !(c.Offload >= 0) || c.Offload > 1024:
+		return fmt.Errorf("replay: offload %v, want in [0, 1024]", c.Offload)
+	}
+	for t, w := range c.TierWeights {
+		if !(w >= 0) || math.IsInf(w, 1) {
+			return fmt.Errorf("replay: %v tier weight %v, want finite and >= 0", kvevent.Tier(t), w)
+		}
 	}
 	return nil
 }
@@ -149,17 +163,22 @@ type Spread struct {
 
 // Result is one router's replay.
 type Result struct {
-	Router     string  `json:"router"`
-	Requests   int     `json:"requests"`
-	Completed  int     `json:"completed"`
-	Rejected   int     `json:"rejected"` // larger than an engine's whole pool
-	Queued     int     `json:"queued"`   // held back by the router's queue at arrival
+	Router    string `json:"router"`
+	Requests  int    `json:"requests"`
+	Completed int    `json:"completed"`
+	Rejected  int    `json:"rejected"` // larger than an engine's whole pool
+	Queued    int    `json:"queued"`   // held back by the router's queue at arrival
+	// ReuseRatio is the share of prompt tokens not computed: found in the
+	// device's prefix cache, or loaded back from the host tier.
 	ReuseRatio float64 `json:"reuse_ratio"`
+	// ReuseByTier splits ReuseRatio by the tier the tokens came from.
+	ReuseByTier TierShares `json:"reuse_by_tier"`
 	// RoutingEfficiency is ReuseRatio over the pooled reference's reuse
 	// (see References); set by Compare and Sweep.
 	RoutingEfficiency float64 `json:"routing_efficiency"`
 	PromptTokens      int64   `json:"prompt_tokens"`
-	CachedTokens      int64   `json:"cached_tokens"`
+	CachedTokens      int64   `json:"cached_tokens"`           // found on the device
+	LoadedTokens      int64   `json:"loaded_tokens,omitempty"` // loaded back from the host
 	OutputTokens      int64   `json:"output_tokens"`
 	TTFT              Dist    `json:"ttft_ms"`
 	// TTFTPercentiles holds the TTFT's percentiles 0, 1, ..., 100 (ms), the
@@ -174,6 +193,16 @@ type Result struct {
 	Load            Spread    `json:"load"`
 	RejectedEvents  uint64    `json:"rejected_events"` // by the KV indexer
 	UnpublishedEvts int       `json:"unpublished_events"`
+}
+
+// TierShares are shares of prompt tokens by the tier they were served
+// from (the mock engines have a device and a host tier; disk and external
+// stay 0).
+type TierShares struct {
+	Device     float64 `json:"device"`
+	HostPinned float64 `json:"host_pinned"`
+	Disk       float64 `json:"disk"`
+	External   float64 `json:"external"`
 }
 
 // policy is what the simulation asks where requests go and where engines
@@ -207,6 +236,8 @@ func newRouterPolicy(name string, cfg Config) (*routerPolicy, error) {
 		mode = router.KV
 	case KVTemp:
 		mode, rc.Temperature = router.KV, cfg.Temperature
+	case KVTiers:
+		mode, rc.TierWeights = router.KVTiers, cfg.TierWeights
 	default:
 		return nil, fmt.Errorf("replay: unknown router %q", name)
 	}
@@ -273,6 +304,7 @@ type sim struct {
 	ttft, tpot, itl, e2e []float64
 	completed            int
 	prompt, cached, out  int64
+	loaded               int64 // prompt tokens loaded back from the host tier
 	err                  error
 }
 
@@ -369,7 +401,7 @@ func runPrompts(ctx context.Context, reqs []trace.Request, p *prompts, routerNam
 	if err != nil {
 		return res, err
 	}
-	if pol.r.Mode() == router.KV {
+	if pol.r.Mode() != router.RoundRobin {
 		if err := pol.r.Flush(); err != nil {
 			return res, err
 		}
@@ -432,7 +464,8 @@ func simulate(ctx context.Context, reqs []trace.Request, p *prompts, cfg Config,
 	if c, ok := pol.(interface{ setClock(*float64) }); ok {
 		c.setClock(&s.now)
 	}
-	ec := EngineConfig{Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, MaxBatchedTokens: cfg.MaxBatchedTokens, MaxNumSeqs: cfg.MaxNumSeqs}
+	ec := EngineConfig{Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, MaxBatchedTokens: cfg.MaxBatchedTokens, MaxNumSeqs: cfg.MaxNumSeqs,
+		HostBlocks: int(cfg.Offload * float64(cfg.Blocks))}
 	for i := range cfg.engines() {
 		w, rank := cfg.engineOf(i)
 		s.engines = append(s.engines, newEngine(i, rank, ec, pol.sink(w)))
@@ -551,6 +584,7 @@ func (s *sim) firstToken(r *request) {
 	s.ttft = append(s.ttft, r.first-r.arrival)
 	s.prompt += int64(r.isl)
 	s.cached += int64(r.hits * s.cfg.BlockSize)
+	s.loaded += int64(r.loaded * s.cfg.BlockSize)
 	if err := s.pol.firstToken(r.id); err != nil && s.err == nil {
 		s.err = err
 	}
@@ -572,9 +606,10 @@ func (s *sim) done(r *request) {
 
 func (s *sim) report(res *Result) {
 	res.Completed = s.completed
-	res.PromptTokens, res.CachedTokens, res.OutputTokens = s.prompt, s.cached, s.out
+	res.PromptTokens, res.CachedTokens, res.LoadedTokens, res.OutputTokens = s.prompt, s.cached, s.loaded, s.out
 	if s.prompt > 0 {
-		res.ReuseRatio = float64(s.cached) / float64(s.prompt)
+		res.ReuseRatio = float64(s.cached+s.loaded) / float64(s.prompt)
+		res.ReuseByTier = TierShares{Device: float64(s.cached) / float64(s.prompt), HostPinned: float64(s.loaded) / float64(s.prompt)}
 	}
 	res.TTFT, res.TPOT, res.ITL, res.E2E = Summarise(s.ttft), Summarise(s.tpot), Summarise(s.itl), Summarise(s.e2e)
 	res.TTFTPercentiles = Percentiles(s.ttft)

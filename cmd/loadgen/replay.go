@@ -7,12 +7,15 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/replay"
 )
 
@@ -27,6 +30,31 @@ func (s *settingsFlag) Set(v string) error {
 		return err
 	}
 	*s = append(*s, set)
+	return nil
+}
+
+// tierWeightsFlag reads four comma-separated weights.
+type tierWeightsFlag struct{ w *[kvevent.NumTiers]float64 }
+
+func (f tierWeightsFlag) String() string {
+	if f.w == nil || *f.w == ([kvevent.NumTiers]float64{}) {
+		return ""
+	}
+	return fmt.Sprintf("%g,%g,%g,%g", f.w[0], f.w[1], f.w[2], f.w[3])
+}
+
+func (f tierWeightsFlag) Set(s string) error {
+	parts := strings.Split(s, ",")
+	if len(parts) != kvevent.NumTiers {
+		return fmt.Errorf("%q: want %d weights, device first", s, kvevent.NumTiers)
+	}
+	for i, p := range parts {
+		v, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+		if err != nil || !(v >= 0) || math.IsInf(v, 1) {
+			return fmt.Errorf("%q: weight %d is not a finite number >= 0", s, i)
+		}
+		f.w[i] = v
+	}
 	return nil
 }
 
@@ -56,7 +84,9 @@ func (c *replayConfig) register(fs *flag.FlagSet) {
 	fs.Float64Var(&cfg.OverlapWeight, "overlap-weight", cfg.OverlapWeight, "weight of prefill blocks in the KV routers' cost")
 	fs.Float64Var(&cfg.QueueThreshold, "queue-threshold", cfg.QueueThreshold, "KV routers queue while every worker's prefill exceeds this many batches (0: off)")
 	fs.IntVar(&cfg.IndexerLanes, "lanes", cfg.IndexerLanes, "indexer lanes of the KV routers (1 = single-threaded)")
-	fs.StringVar(&c.routers, "routers", "round_robin,random,kv", "routers to compare: round_robin, random, kv, kv_temp")
+	fs.Float64Var(&cfg.Offload, "offload", 0, "give each engine a host tier of this many times its device blocks, which device evictions go to (0: none)")
+	fs.Var(tierWeightsFlag{&cfg.TierWeights}, "tier-weights", "kv_tiers' prefill saved per block on the `device,host,disk,external` (default 1,0.8,0.5,0.3)")
+	fs.StringVar(&c.routers, "routers", "round_robin,random,kv", "routers to compare: round_robin, random, kv, kv_temp, kv_tiers")
 	fs.Var(&c.sweep, "sweep", "sweep a KV router knob instead: `name=v1,v2,...` with name overlap_weight, temperature or queue_threshold; repeat for a grid")
 	fs.StringVar(&c.cpuprof, "cpuprofile", "", "write a CPU profile of the replays to `file`")
 	c.out.register(fs)
@@ -182,6 +212,9 @@ func printSweepBench(w io.Writer, rep replay.SweepReport) {
 func printReplayHeader(w io.Writer, rep replay.Report) {
 	fmt.Fprintf(w, "trace: %s; %d workers x %d blocks of %d tokens; speedup %v; seed %d\n",
 		rep.Trace, rep.Workers, rep.Blocks, rep.BlockSize, rep.Speedup, rep.Seed)
+	if rep.Offload > 0 {
+		fmt.Fprintf(w, "host tier: %g x each engine's blocks; the references know no host tier\n", rep.Offload)
+	}
 	fmt.Fprintf(w, "reference reuse: pooled LRU of the fleet's blocks %.3f; unbounded cache %.3f\n\n", rep.ReusePooled, rep.ReuseUnbounded)
 }
 
@@ -201,6 +234,10 @@ func printReplay(w io.Writer, rep replay.Report) {
 	row("completed", func(r replay.Result) string { return fmt.Sprint(r.Completed) })
 	row("rejected (too large)", func(r replay.Result) string { return fmt.Sprint(r.Rejected) })
 	row("reuse ratio", func(r replay.Result) string { return fmt.Sprintf("%.3f", r.ReuseRatio) })
+	if rep.Offload > 0 {
+		row("  from the device", func(r replay.Result) string { return fmt.Sprintf("%.3f", r.ReuseByTier.Device) })
+		row("  from the host", func(r replay.Result) string { return fmt.Sprintf("%.3f", r.ReuseByTier.HostPinned) })
+	}
 	row("routing efficiency", func(r replay.Result) string { return fmt.Sprintf("%.3f", r.RoutingEfficiency) })
 	for _, d := range []struct {
 		name string
