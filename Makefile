@@ -7,7 +7,7 @@ BENCHTIME ?= 100ms
 FUZZTIME ?= 10s
 RESULTS  := results
 
-.PHONY: test lint fuzz bench benchstat bench-compare loadgen replay replay-sweep plots
+.PHONY: test lint fuzz bench benchstat bench-compare loadgen replay replay-sweep replay-tiers plots
 
 test:
 	$(GO) vet $(PKGS)
@@ -71,6 +71,15 @@ HOSTLINE = echo "\# $$($(GO) version); $$(grep -m1 'model name' /proc/cpuinfo | 
 replay-sweep:
 	{ echo "# go run ./cmd/loadgen replay $(SWEEP)"; $(HOSTLINE); $(GO) run ./cmd/loadgen replay $(SWEEP); } | tee $(RESULTS)/replay-sweep.txt
 	{ echo "# go run ./cmd/loadgen replay -json $(SWEEP)"; $(HOSTLINE); $(GO) run ./cmd/loadgen replay -json $(SWEEP); } > $(RESULTS)/replay-sweep.json
+
+# Tier-aware routing on the embedded trace with a host tier of 4x each
+# engine's device blocks (about a minute on 2 cores): kv against kv_tiers,
+# then kv_tiers' host weight swept; table and JSON into results/.
+TIERS ?= -offload 4 -sweep host_weight=0,0.2,0.4,0.6,0.8,1
+replay-tiers:
+	{ echo "# go run ./cmd/loadgen replay -offload 4 -routers round_robin,kv,kv_tiers"; $(HOSTLINE); $(GO) run ./cmd/loadgen replay -offload 4 -routers round_robin,kv,kv_tiers; \
+	  echo; echo "# go run ./cmd/loadgen replay $(TIERS)"; $(GO) run ./cmd/loadgen replay $(TIERS); } | tee $(RESULTS)/replay-tiers.txt
+	{ echo "# go run ./cmd/loadgen replay -json $(TIERS)"; $(HOSTLINE); $(GO) run ./cmd/loadgen replay -json $(TIERS); } > $(RESULTS)/replay-tiers.json
 
 # Every SVG plot in results/, from the results files alone.
 plots:

@@ -237,4 +237,5 @@ var All = []Spec{
 	{"replay.json", "plot-replay-ttft-cdf.svg", TTFTCDF},
 	{"replay.json", "plot-replay-reuse.svg", Reuse},
 	{"replay-sweep.json", "plot-replay-frontier.svg", Frontier},
+	{"replay-tiers.json", "plot-replay-tiers.svg", Frontier},
 }

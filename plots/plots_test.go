@@ -55,6 +55,7 @@ func TestAllRender(t *testing.T) {
 		"plot-replay-ttft-cdf.svg":    {"round_robin", "kv", "TTFT ms (log)"},
 		"plot-replay-reuse.svg":       {"pooled LRU of the fleet", "unbounded cache", "of pooled)"},
 		"plot-replay-frontier.svg":    {"overlap_weight sweep, temperature=0", "overlap_weight sweep, temperature=0.1", "kv (defaults)", "mean TTFT ms"},
+		"plot-replay-tiers.svg":       {"kv_tiers sweep, host tier 2x the device", "host_weight sweep", "kv (defaults)"},
 	}
 	for _, spec := range All {
 		t.Run(spec.Output, func(t *testing.T) {

@@ -103,7 +103,11 @@ func Frontier(w io.Writer, src Source) error {
 		return errNoData(src, "sweep points")
 	}
 	first := firstSetting(rep.Points)
-	p := newPlot("Replay: reuse vs latency, KV router policy sweep", src, "reuse (cached / prompt tokens)", "mean TTFT ms")
+	title := "Replay: reuse vs latency, KV router policy sweep"
+	if rep.Offload > 0 {
+		title = fmt.Sprintf("Replay: reuse vs latency, %s sweep, host tier %gx the device", rep.Points[0].Router, rep.Offload)
+	}
+	p := newPlot(title, src, "reuse (cached or loaded / prompt tokens)", "mean TTFT ms")
 	p.Legend.Top, p.Legend.Left = false, true // reuse up, latency down: the corner left free
 	// Group points by the other settings' values.
 	groups := map[string]plotter.XYs{}
