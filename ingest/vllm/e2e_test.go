@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/internal/leaks"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
@@ -293,5 +294,45 @@ func TestPublisherAfterClose(t *testing.T) {
 	}
 	if err := p.Close(); !errors.Is(err, ErrPublisherClosed) {
 		t.Fatalf("second close: %v", err)
+	}
+}
+
+// Media end to end: an engine publishes a chain on the GPU, offloads its
+// tail to the CPU ("CPU": removed from the GPU, stored on the host) and
+// spills a block to disk; over ZeroMQ into an indexer that keeps tiers,
+// the worker's cumulative prefixes per tier say so.
+func TestMediaToTiers(t *testing.T) {
+	e := newEngine(t, 1, PublisherConfig{Topic: "kv@e@m", ReplayEndpoint: "x"})
+	idx := shardpool.NewSingleTiers(bs)
+	defer idx.Close()
+	sub, err := NewSubscriber(idx, SubscriberConfig{BlockSize: bs}, e.endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	connect(t, sub, e)
+	tokens := make([]uint32, 4*bs)
+	for i := range tokens {
+		tokens[i] = uint32(i)
+	}
+	p1, p2 := uint64(11), uint64(13)
+	for _, evs := range [][]Event{
+		{{Type: BlockStored, BlockHashes: []uint64{11, 12, 13}, TokenIDs: tokens[:3*bs], BlockSize: bs, Medium: "GPU"}},
+		{{Type: BlockStored, BlockHashes: []uint64{12, 13}, ParentBlockHash: &p1, TokenIDs: tokens[bs : 3*bs], BlockSize: bs, Medium: "CPU"},
+			{Type: BlockRemoved, BlockHashes: []uint64{12, 13}, Medium: "GPU"}},
+		{{Type: BlockStored, BlockHashes: []uint64{14}, ParentBlockHash: &p2, TokenIDs: tokens[3*bs:], BlockSize: bs, Medium: "DISK"}},
+	} {
+		if _, err := e.pub.Publish(evs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settle(t, sub, e)
+	local := hashing.LocalHashes(nil, tokens, bs, hashing.Options{})
+	got, err := idx.FindTierMatches(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := ([kvevent.NumTiers]uint32{1, 3, 4, 4}); got.Scores[kvevent.Worker{ID: 1}] != want {
+		t.Fatalf("tier scores %v, want worker 1 at %v (%+v, %+v)", got.Scores, want, idx.Stats(), sub.Stats().Convert)
 	}
 }
