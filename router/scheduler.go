@@ -137,7 +137,7 @@ type Scheduler struct {
 
 	// scratch, reused under mu
 	overlap []uint32
-	saved   []float64 // prompt tokens cached, weighed by tier
+	saved   []int // prompt tokens cached (with tiers, weighed by tier)
 
 	hits       []int32
 	touched    []int32 // workers with an overlap
@@ -201,7 +201,7 @@ func NewScheduler(cfg SchedulerConfig, workers []kvevent.Worker) (*Scheduler, er
 		waiting: map[uuid.UUID]struct{}{},
 		rng:     rand.New(rand.NewPCG(cfg.Seed, 0x6b76726164697821)),
 		overlap: make([]uint32, n),
-		saved:   make([]float64, n),
+		saved:   make([]int, n),
 		hits:    make([]int32, n),
 		costs:   make([]float64, n),
 	}
@@ -309,10 +309,9 @@ func (s *Scheduler) allBusy() bool {
 
 // prepare fills the scratch overlap and hit counts for req.
 func (s *Scheduler) prepare(req SchedRequest) {
-	bs := float64(s.cfg.BlockSize)
 	for w, o := range req.Overlaps {
 		if i, ok := s.index[w]; ok {
-			s.overlap[i], s.saved[i] = o, float64(o)*bs
+			s.overlap[i], s.saved[i] = o, int(o)*s.cfg.BlockSize
 			s.touched = append(s.touched, int32(i))
 		}
 	}
@@ -330,7 +329,7 @@ func (s *Scheduler) prepare(req SchedRequest) {
 				saved += s.cfg.TierWeights[t] * float64(c-min(prev, c))
 				prev = max(prev, c)
 			}
-			s.saved[i] = saved * bs
+			s.saved[i] = int(math.Round(saved * float64(s.cfg.BlockSize)))
 		}
 	}
 	for _, h := range req.Blocks {
@@ -358,7 +357,7 @@ func (s *Scheduler) reset(req SchedRequest) {
 // prefillTokens is the request's uncached prompt on worker i (with tiers,
 // the prompt less the tokens its cache saves, weighed by tier).
 func (s *Scheduler) prefillTokens(isl, i int) int {
-	return max(0, isl-int(math.Round(s.saved[i])))
+	return max(0, isl-s.saved[i])
 }
 
 // newBlocks is how many blocks the request adds to worker i's active set.
@@ -368,13 +367,12 @@ func (s *Scheduler) newBlocks(req SchedRequest, i int) int {
 
 // costs fills s.costs for req; prepare must have run.
 func (s *Scheduler) fillCosts(req SchedRequest) {
-	bs := s.cfg.BlockSize
-	fbs := float64(bs)
+	fbs := float64(s.cfg.BlockSize)
 	w := s.cfg.OverlapWeight
 	base := len(req.Blocks)
 	track := s.cfg.TrackPrefillTokens
 	for i := range s.costs {
-		pre := s.prefillTokens(req.ISL, i)
+		pre := max(0, req.ISL-s.saved[i]) // prefillTokens, inlined by hand
 		if track {
 			pre += s.prefill[i]
 		}
