@@ -135,9 +135,17 @@ type TierScores struct {
 // and a parent is found whatever tier it is held in. FindMatches counts the
 // device tier only (the seed's rule); FindTierMatches reports every tier.
 // Dump yields a Stored per tier held. Tree implements it.
+//
+// Shared tiers: SetGroup declares a holder (a node's host cache, a pool's
+// remote store: a worker id of its own) as serving members; the blocks the
+// holder's events store, once, count in FindTierMatches for every member
+// at their tier, and the holder itself is not scored. Members who hold
+// nothing themselves are scored for what their groups hold. SetGroup
+// replaces a holder's members; none undeclares it.
 type TierIndex interface {
 	Index
 	FindTierMatches(local []uint64) TierScores
+	SetGroup(holder kvevent.Worker, members []kvevent.Worker)
 }
 
 var _ TierIndex = (*Tree)(nil)

@@ -17,6 +17,10 @@ type Tree struct {
 	root    *node
 	workers map[kvevent.Worker]*treeWorker
 	size    int
+	// Shared tiers (SetGroup): a holder's blocks count for its members in
+	// FindTierMatches.
+	groups   map[kvevent.Worker][]kvevent.Worker // holder -> members
+	memberOf map[kvevent.Worker][]kvevent.Worker // member -> holders
 }
 
 // treeWorker is what one worker holds.
@@ -282,8 +286,39 @@ func (t *Tree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
 	return res
 }
 
+// SetGroup implements TierIndex.
+func (t *Tree) SetGroup(holder kvevent.Worker, members []kvevent.Worker) {
+	for _, m := range t.groups[holder] {
+		t.memberOf[m] = slices.DeleteFunc(t.memberOf[m], func(h kvevent.Worker) bool { return h == holder })
+		if len(t.memberOf[m]) == 0 {
+			delete(t.memberOf, m)
+		}
+	}
+	delete(t.groups, holder)
+	if len(members) == 0 {
+		return
+	}
+	if t.groups == nil {
+		t.groups, t.memberOf = map[kvevent.Worker][]kvevent.Worker{}, map[kvevent.Worker][]kvevent.Worker{}
+	}
+	t.groups[holder] = slices.Clone(members)
+	for _, m := range members {
+		t.memberOf[m] = append(t.memberOf[m], holder)
+	}
+}
+
+// tiersAt returns the tiers in which w holds n, its groups' included.
+func (t *Tree) tiersAt(n *node, w kvevent.Worker) kvevent.TierSet {
+	s := n.workers[w].set()
+	for _, g := range t.memberOf[w] {
+		s |= n.workers[g].set()
+	}
+	return s
+}
+
 // FindTierMatches implements TierIndex: the walk of FindMatches, keeping
 // per worker the nearest tier whose cumulative prefix is still growing.
+// Group holders are not scored; their members are, with their holdings.
 func (t *Tree) FindTierMatches(local []uint64) TierScores {
 	t.ready()
 	res := TierScores{Scores: map[kvevent.Worker][kvevent.NumTiers]uint32{}, TreeSizes: map[kvevent.Worker]int{}}
@@ -300,14 +335,25 @@ func (t *Tree) FindTierMatches(local []uint64) TierScores {
 			break
 		}
 		if i == 0 {
+			start := func(w kvevent.Worker) {
+				if _, holder := t.groups[w]; holder {
+					return
+				}
+				if _, seen := res.Scores[w]; !seen {
+					active = append(active, walk{w: w})
+					res.Scores[w] = [kvevent.NumTiers]uint32{}
+				}
+			}
 			for w := range child.workers {
-				active = append(active, walk{w: w})
-				res.Scores[w] = [kvevent.NumTiers]uint32{}
+				start(w)
+				for _, m := range t.groups[w] {
+					start(m)
+				}
 			}
 		}
 		keep := active[:0]
 		for _, a := range active {
-			near := nearestTier(child.workers[a.w].set())
+			near := nearestTier(t.tiersAt(child, a.w))
 			if near > a.near {
 				sc := res.Scores[a.w]
 				for l := a.near; l < near; l++ {
@@ -333,7 +379,9 @@ func (t *Tree) FindTierMatches(local []uint64) TierScores {
 		res.Scores[a.w] = sc
 	}
 	for w := range res.Scores {
-		res.TreeSizes[w] = t.workers[w].nodes
+		if tw := t.workers[w]; tw != nil {
+			res.TreeSizes[w] = tw.nodes
+		}
 	}
 	return res
 }

@@ -64,10 +64,12 @@ type Indexer interface {
 
 // TierIndexer is an Indexer that reports every tier: a worker's cumulative
 // prefix on the device, on the device or the host, and so on
-// (radix.TierScores). NewSingleTiers keeps every tier.
+// (radix.TierScores), with shared tiers (radix.TierIndex.SetGroup).
+// NewSingleTiers keeps every tier.
 type TierIndexer interface {
 	Indexer
 	FindTierMatches(local []uint64) (radix.TierScores, error)
+	SetGroup(holder kvevent.Worker, members []kvevent.Worker) error
 }
 
 // Stats are an indexer's counters since it started.

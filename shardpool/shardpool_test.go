@@ -426,4 +426,15 @@ func TestSingleTiers(t *testing.T) {
 	if st := idx.Stats(); st.IgnoredTier != 0 || st.Applied != 3 {
 		t.Fatalf("stats %+v", st)
 	}
+	// A shared store (worker 9) serving workers 7 and 8: its disk copy of
+	// the block counts for both.
+	pool, w8 := kvevent.Worker{ID: 9}, kvevent.Worker{ID: 8}
+	check(t, idx.SetGroup(pool, []kvevent.Worker{w7, w8}))
+	shared := storedTokens(kvevent.TierDisk, tokens)
+	shared.WorkerID = 9
+	check(t, idx.ApplyEvent(shared))
+	flush(t, idx)
+	if got, err = idx.FindTierMatches(local); err != nil || got.Scores[w8] != ([kvevent.NumTiers]uint32{0, 0, 1, 1}) || len(got.Scores) != 2 {
+		t.Fatalf("with the shared store: %v (%v), want workers 7 and 8, 8 from disk", got.Scores, err)
+	}
 }

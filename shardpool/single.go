@@ -1,6 +1,8 @@
 package shardpool
 
 import (
+	"slices"
+
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 )
@@ -29,16 +31,19 @@ const (
 	msgEvent msgKind = iota
 	msgMatch
 	msgTierMatch
+	msgGroup
 	msgRemove
 	msgFlush
 )
 
 type msg struct {
-	kind  msgKind
-	ev    kvevent.RouterEvent
-	local []uint64
-	id    kvevent.WorkerID
-	reply chan result
+	kind    msgKind
+	ev      kvevent.RouterEvent
+	local   []uint64
+	id      kvevent.WorkerID
+	holder  kvevent.Worker   // msgGroup
+	members []kvevent.Worker // msgGroup
+	reply   chan result
 }
 
 type result struct {
@@ -82,6 +87,8 @@ func (s *Single) run(tree *radix.Tree) {
 			m.reply <- result{scores: tree.FindMatches(m.local, false)}
 		case msgTierMatch:
 			m.reply <- result{tiers: tree.FindTierMatches(m.local)}
+		case msgGroup:
+			tree.SetGroup(m.holder, m.members)
 		case msgRemove:
 			tree.RemoveWorker(m.id)
 			s.c.pairs.Store(int64(tree.Size()))
@@ -140,6 +147,12 @@ func (s *Single) FindMatches(local []uint64) (radix.OverlapScores, error) {
 func (s *Single) FindTierMatches(local []uint64) (radix.TierScores, error) {
 	r, err := s.call(msg{kind: msgTierMatch, local: local})
 	return r.tiers, err
+}
+
+// SetGroup implements TierIndexer, ordered after the events queued before
+// it.
+func (s *Single) SetGroup(holder kvevent.Worker, members []kvevent.Worker) error {
+	return s.send(msg{kind: msgGroup, holder: holder, members: slices.Clone(members)})
 }
 
 // FindMatchesForRequest implements Indexer.

@@ -23,6 +23,20 @@ import (
 // semantics; other tiers are radix.TierIndex's.
 type Model struct {
 	workers map[kvevent.Worker]*modelWorker
+	groups  map[kvevent.Worker][]kvevent.Worker // shared-tier holder -> members
+}
+
+// SetGroup declares holder as serving members (radix.TierIndex.SetGroup);
+// no members undeclares it.
+func (m *Model) SetGroup(holder kvevent.Worker, members []kvevent.Worker) {
+	if m.groups == nil {
+		m.groups = map[kvevent.Worker][]kvevent.Worker{}
+	}
+	if len(members) == 0 {
+		delete(m.groups, holder)
+		return
+	}
+	m.groups[holder] = slices.Clone(members)
 }
 
 type modelWorker struct {
@@ -161,12 +175,41 @@ func (m *Model) Scores(local []uint64) map[kvevent.Worker]uint32 {
 // TierScores returns, for each worker holding at least block 0 of local
 // in some tier, per tier t the consecutive blocks from block 0 it holds in
 // t or a nearer tier (radix.TierScores).
+//
+// A group holder (SetGroup) is not scored; each of its members is, holding
+// what it holds and what its holders hold.
 func (m *Model) TierScores(local []uint64) map[kvevent.Worker][kvevent.NumTiers]uint32 {
+	candidates := map[kvevent.Worker]bool{}
+	for w := range m.workers {
+		candidates[w] = true
+	}
+	for _, members := range m.groups {
+		for _, w := range members {
+			candidates[w] = true
+		}
+	}
 	out := map[kvevent.Worker][kvevent.NumTiers]uint32{}
-	for w, mw := range m.workers {
+	for w := range candidates {
+		if _, holder := m.groups[w]; holder {
+			continue
+		}
+		holders := []*modelWorker{m.workers[w]}
+		for g, members := range m.groups {
+			if slices.Contains(members, w) {
+				holders = append(holders, m.workers[g])
+			}
+		}
 		var sc [kvevent.NumTiers]uint32
 		for _, t := range kvevent.Tiers {
-			sc[t] = mw.prefix(local, func(s kvevent.TierSet) bool { return s.UpTo(t) })
+			in := func(s kvevent.TierSet) bool { return s.UpTo(t) }
+			path := ""
+			for _, h := range local {
+				path = extend(path, h)
+				if !slices.ContainsFunc(holders, func(mw *modelWorker) bool { return mw != nil && mw.holds(path, in) }) {
+					break
+				}
+				sc[t]++
+			}
 		}
 		if sc[kvevent.TierExternal] > 0 {
 			out[w] = sc

@@ -31,11 +31,13 @@ const (
 // fills, parents held in another tier, per-tier removal and clearing, and
 // random tiered streams checked against the model after every step.
 func RunTiers(t *testing.T, newIndex func() radix.TierIndex) {
+	pool := kvevent.Worker{ID: 100}
 	tests := []struct {
-		name  string
-		steps []step
-		query []uint64
-		want  TierScores
+		name   string
+		groups map[kvevent.Worker][]kvevent.Worker
+		steps  []step
+		query  []uint64
+		want   TierScores
 	}{
 		{
 			name: "offloaded: removed from the device, stored on the host",
@@ -90,11 +92,31 @@ func RunTiers(t *testing.T, newIndex func() radix.TierIndex) {
 			query: []uint64{1, 2},
 			want:  TierScores{w1: {2, 2, 2, 2}, w1r: {0, 2, 2, 2}, w2: {0, 0, 1, 1}},
 		},
+		{
+			name:   "a shared host tier credits its members, stored once",
+			groups: map[kvevent.Worker][]kvevent.Worker{pool: {w1, w2}},
+			steps: []step{ev(In(host, Stored(pool, -1, 10, 1, 11, 2, 12, 3)), nil), ev(Stored(w1, -1, 20, 1), nil),
+				ev(In(disk, Stored(w1r, -1, 30, 1)), nil)},
+			query: []uint64{1, 2, 3},
+			want:  TierScores{w1: {1, 3, 3, 3}, w2: {0, 3, 3, 3}, w1r: {0, 0, 1, 1}},
+		},
+		{
+			name:   "a member's own blocks and its group's interleave",
+			groups: map[kvevent.Worker][]kvevent.Worker{pool: {w1}},
+			steps: []step{ev(Stored(w1, -1, 10, 1, 11, 2, 12, 3), nil), ev(Removed(w1, 11), nil),
+				ev(In(ext, Stored(pool, -1, 20, 1, 21, 2)), nil)},
+			query: []uint64{1, 2, 3},
+			want:  TierScores{w1: {1, 1, 1, 3}},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			idx := newIndex()
 			model := NewModel()
+			for holder, members := range tc.groups {
+				idx.SetGroup(holder, members)
+				model.SetGroup(holder, members)
+			}
 			for i, s := range tc.steps {
 				err := idx.Apply(*s.ev)
 				if (s.wantErr == nil) != (err == nil) || (s.wantErr != nil && !errors.Is(err, s.wantErr)) {
@@ -112,6 +134,11 @@ func RunTiers(t *testing.T, newIndex func() radix.TierIndex) {
 		for seed := range uint64(20) {
 			g := &Gen{Src: rand.New(rand.NewPCG(seed, 11)), Model: NewModel(), Tiers: true}
 			idx := newIndex()
+			if seed%2 == 1 { // worker 2 rank 0 is the shared store of 0 and 1
+				holder, members := kvevent.Worker{ID: 2}, []kvevent.Worker{{ID: 0}, {ID: 1}, {ID: 1, DPRank: 1}}
+				idx.SetGroup(holder, members)
+				g.Model.SetGroup(holder, members)
+			}
 			for i := range 300 {
 				if !Step(t, idx, g) {
 					t.Fatalf("seed %d step %d failed", seed, i)
