@@ -245,6 +245,9 @@ type Stats struct {
 	// Active is the number of requests tracked between SelectWorker and
 	// OnComplete (0 in round-robin mode).
 	Active int
+	// TierWeights are the prefill a cached block saves per tier, in
+	// KVTiers mode (zero otherwise: the device alone counts, whole).
+	TierWeights [kvevent.NumTiers]float64
 }
 
 // Stats returns the router's counters.
@@ -255,6 +258,9 @@ func (r *Router) Stats() Stats {
 	}
 	if r.sched != nil {
 		st.Active = r.sched.Active()
+	}
+	if r.mode == KVTiers {
+		st.TierWeights = r.sched.cfg.TierWeights
 	}
 	return st
 }

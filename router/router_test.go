@@ -478,3 +478,31 @@ func TestPrehashedPromptRoutesAsTokens(t *testing.T) {
 		}
 	}
 }
+
+// kv_tiers routes to a prompt held on the host (12 blocks at 0.8) over a
+// worker holding fewer on the device (8), where kv, blind to the host,
+// does the opposite; its Stats give the weights. A kv_tiers router over an
+// indexer that keeps no tiers is refused.
+func TestKVTiersRoutesToTheHost(t *testing.T) {
+	prompt := seq(48, 100)
+	for _, tc := range []struct {
+		mode router.Mode
+		want int
+	}{{router.KV, 2}, {router.KVTiers, 1}} {
+		r := newRouter(t, tc.mode, 3, func(c *router.Config) { c.IndexerLanes = 1 })
+		publishBlocks(t, r, 1, prompt, kvevent.TierHostPinned)
+		publishBlocks(t, r, 2, prompt[:32], kvevent.TierDevice)
+		w, err := r.SelectWorker(context.Background(), router.Request{UUID: uuid.New(), Tokens: prompt})
+		if err != nil || w != tc.want {
+			t.Fatalf("%v: worker %d (%v), want %d", tc.mode, w, err, tc.want)
+		}
+		if st := r.Stats(); (tc.mode == router.KVTiers) != (st.TierWeights == router.DefaultTierWeights) {
+			t.Fatalf("%v: stats' tier weights %v", tc.mode, st.TierWeights)
+		}
+	}
+	pool := shardpool.NewPool(2, 16)
+	defer pool.Close()
+	if _, err := router.NewWithIndexer(router.KVTiers, router.DefaultConfig(), 2, pool); err == nil {
+		t.Fatal("kv_tiers over a pool that keeps no tiers was taken")
+	}
+}
