@@ -163,12 +163,7 @@ func (t *Tree) remove(w kvevent.Worker, hashes []uint64, tier kvevent.Tier) erro
 			missing++
 			continue
 		}
-		if rest := nm.tiers &^ tier.Set(); rest != 0 {
-			tw.names[h] = name{nm.n, rest}
-		} else {
-			delete(tw.names, h)
-		}
-		t.unname(nm.n, w, tw, tier.Set())
+		t.drop(w, tw, h, nm, tier)
 	}
 	if missing > 0 {
 		return &MissingBlocksError{Worker: w, Missing: missing, Of: len(hashes)}
@@ -183,19 +178,23 @@ func (t *Tree) clear(w kvevent.Worker, tier kvevent.Tier) {
 		return
 	}
 	for h, nm := range tw.names {
-		if !nm.tiers.Has(tier) {
-			continue
+		if nm.tiers.Has(tier) {
+			t.drop(w, tw, h, nm, tier)
 		}
-		if rest := nm.tiers &^ tier.Set(); rest != 0 {
-			tw.names[h] = name{nm.n, rest}
-		} else {
-			delete(tw.names, h)
-		}
-		t.unname(nm.n, w, tw, tier.Set())
 	}
 	if len(tw.names) == 0 {
 		delete(t.workers, w)
 	}
+}
+
+// drop takes tier away from engine hash h of w, which names nm.n in it.
+func (t *Tree) drop(w kvevent.Worker, tw *treeWorker, h uint64, nm name, tier kvevent.Tier) {
+	if rest := nm.tiers &^ tier.Set(); rest != 0 {
+		tw.names[h] = name{nm.n, rest}
+	} else {
+		delete(tw.names, h)
+	}
+	t.unname(nm.n, w, tw, tier.Set())
 }
 
 // unname drops one engine hash of w naming n in tiers (the caller's map

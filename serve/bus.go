@@ -120,20 +120,10 @@ func (b *bus) join(ctx context.Context, k modelKey, blockSize int) (*index, erro
 }
 
 // discovering joins the streams other replicas create, every
-// BusConfig.Discover, until Close.
+// BusConfig.Discover, until Close (the server away: the next tick tries
+// again).
 func (s *Service) discovering() {
-	t := time.NewTicker(s.bus.cfg.Discover)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-t.C:
-			ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
-			_ = s.discover(ctx) // the server away: the next tick tries again
-			cancel()
-		}
-	}
+	s.every(s.bus.cfg.Discover, 30*time.Second, func(ctx context.Context) { _ = s.discover(ctx) })
 }
 
 // discover joins the models' streams this replica does not follow yet.

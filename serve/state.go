@@ -209,19 +209,26 @@ func encodeIndex(idx *index) ([]byte, error) {
 
 // saveEvery saves the state every Config.SaveEvery until Close.
 func (s *Service) saveEvery() {
-	t := time.NewTicker(s.cfg.SaveEvery)
+	s.every(s.cfg.SaveEvery, max(s.cfg.SaveEvery, 10*time.Second), func(ctx context.Context) {
+		if err := s.Save(ctx); err != nil && s.ctx.Err() == nil && s.cfg.OnSaveError != nil {
+			s.cfg.OnSaveError(err)
+		}
+	})
+}
+
+// every calls f every interval, each call given at most limit, until
+// Close.
+func (s *Service) every(interval, limit time.Duration, f func(context.Context)) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-s.ctx.Done():
 			return
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(s.ctx, max(s.cfg.SaveEvery, 10*time.Second))
-			err := s.Save(ctx)
+			ctx, cancel := context.WithTimeout(s.ctx, limit)
+			f(ctx)
 			cancel()
-			if err != nil && s.ctx.Err() == nil && s.cfg.OnSaveError != nil {
-				s.cfg.OnSaveError(err)
-			}
 		}
 	}
 }

@@ -2,6 +2,7 @@ package radixtest
 
 import (
 	"errors"
+	"iter"
 	"maps"
 	"math"
 	"math/rand/v2"
@@ -286,11 +287,7 @@ func Check(t testing.TB, idx radix.Index, model *Model, query []uint64) {
 	if !maps.Equal(got.Scores, want) {
 		t.Fatalf("query %v: scores %v, model says %v", query, got.Scores, want)
 	}
-	for w := range want {
-		if got.TreeSizes[w] != model.TreeSize(w) {
-			t.Fatalf("query %v: tree size of %v is %d, model says %d", query, w, got.TreeSizes[w], model.TreeSize(w))
-		}
-	}
+	checkTreeSizes(t, query, got.TreeSizes, maps.Keys(want), model)
 	checkTiers(t, idx, model, query)
 	if idx.Size() != model.Size() {
 		t.Fatalf("size %d, model says %d", idx.Size(), model.Size())
@@ -301,6 +298,17 @@ func Check(t testing.TB, idx radix.Index, model *Model, query []uint64) {
 	}
 	if d := dumped.Diff(model); d != "" {
 		t.Fatalf("dump differs from the model: %s", d)
+	}
+}
+
+// checkTreeSizes compares an index's tree sizes of the scored workers
+// with the model's.
+func checkTreeSizes(t testing.TB, query []uint64, got map[kvevent.Worker]int, scored iter.Seq[kvevent.Worker], model *Model) {
+	t.Helper()
+	for w := range scored {
+		if got[w] != model.TreeSize(w) {
+			t.Fatalf("query %v: tree size of %v is %d, model says %d", query, w, got[w], model.TreeSize(w))
+		}
 	}
 }
 

@@ -161,9 +161,5 @@ func checkTiers(t testing.TB, idx radix.Index, model *Model, query []uint64) {
 	if !maps.Equal(got.Scores, want) {
 		t.Fatalf("query %v: tier scores %v, model says %v", query, got.Scores, want)
 	}
-	for w := range want {
-		if got.TreeSizes[w] != model.TreeSize(w) {
-			t.Fatalf("query %v: tree size of %v is %d, model says %d", query, w, got.TreeSizes[w], model.TreeSize(w))
-		}
-	}
+	checkTreeSizes(t, query, got.TreeSizes, maps.Keys(want), model)
 }
