@@ -24,6 +24,8 @@ type metrics struct {
 	requested *prometheus.CounterVec   // blocks asked for, by model
 	matched   *prometheus.CounterVec   // of those, held by the best instance
 	decisions *prometheus.CounterVec   // queries whose best instance this is
+	routeTime prometheus.Histogram     // time to decide and admit a /route
+	routed    *prometheus.CounterVec   // routes, by model and chosen instance
 	saves     *prometheus.CounterVec   // state saves, by result
 	saveTime  prometheus.Histogram
 	lastSave  prometheus.Gauge // when the last good save ended
@@ -58,15 +60,18 @@ func newMetrics(s *Service) *metrics {
 		matched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvradix_query_blocks_matched_total",
 			Help: "Blocks the best-matching instance held, by model: over kvradix_query_blocks_requested_total, the predicted hit rate."}, []string{"model"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvradix_query_best_instance_total", Help: "Queries whose longest match was this instance's, by model."}, []string{"model", "instance"}),
-		saves:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvradix_state_saves_total", Help: "Saves of the state (-state), by result."}, []string{"result"}),
-		saveTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvradix_state_save_duration_seconds", Help: "Time to save the state, subscribers paused.",
+		routeTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvradix_route_duration_seconds", Help: "Time to choose an instance for a /route and admit the request.",
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2.5, 12)}),
+		routed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvradix_route_decisions_total", Help: "Requests routed to an instance, by model."}, []string{"model", "instance"}),
+		saves:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvradix_state_saves_total", Help: "Saves of the state (-state), by result."}, []string{"result"}),
+		saveTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvradix_state_save_duration_seconds", Help: "Time to save the state (each index's engines paused while it is encoded).",
 			Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 10)}),
 		lastSave: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvradix_state_last_save_timestamp_seconds", Help: "When the last good save of the state ended, in Unix seconds."}),
 		s:        s,
 	}
 	m.saves.WithLabelValues("ok")
 	m.saves.WithLabelValues("failed")
-	m.registry.MustRegister(m, m.queryTime, m.requested, m.matched, m.decisions, m.saves, m.saveTime, m.lastSave,
+	m.registry.MustRegister(m, m.queryTime, m.requested, m.matched, m.decisions, m.routeTime, m.routed, m.saves, m.saveTime, m.lastSave,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -87,6 +92,12 @@ func (m *metrics) observeQuery(endpoint, model, tenant string, start time.Time, 
 	if best > 0 {
 		m.decisions.WithLabelValues(name, strconv.FormatUint(uint64(bestWorker.ID), 10)).Inc()
 	}
+}
+
+// observeRoute records one admitted route.
+func (m *metrics) observeRoute(model, tenant string, start time.Time, instance uint64) {
+	m.routeTime.Observe(time.Since(start).Seconds())
+	m.routed.WithLabelValues(model+":"+tenantOr(tenant), strconv.FormatUint(instance, 10)).Inc()
 }
 
 // observeSave records one save of the state, started at start, that

@@ -182,6 +182,7 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 		fail(w, status(err), err)
 		return
 	}
+	start := time.Now()
 	local, isl := q.BlockHashes, len(q.BlockHashes)*idx.blockSize
 	if q.TokenIDs != nil {
 		local, isl = hashing.LocalHashes(nil, q.TokenIDs, idx.blockSize, hashing.Options{}), len(q.TokenIDs)
@@ -225,6 +226,7 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 			a.Candidate = c
 		}
 	}
+	s.metrics.observeRoute(k.model, k.tenant, start, a.InstanceID)
 	reply(w, http.StatusOK, a)
 }
 

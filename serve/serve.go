@@ -17,7 +17,7 @@
 //	POST /route           {token_ids | block_hashes, model_name, tenant_id?, request_id?} (see route.go)
 //	POST /requests/{id}/first_token, /requests/{id}/complete
 //	GET  /health
-//	GET  /metrics         Prometheus: events, gaps and losses per engine, query latency, hit rate
+//	GET  /metrics         Prometheus: events, gaps and losses per engine, query and route latency, hit rate, routes per instance, saves
 //
 // Queries answer {"scores": {"<instance>": {"<rank>": matched tokens}},
 // "frequencies": [workers holding block i, ...], "tree_sizes": {"<instance>":

@@ -490,6 +490,12 @@ func TestRoute(t *testing.T) {
 	if !reflect.DeepEqual(a.Candidates, want) || a.Candidate != want[1] || a.OverlapWeight != 8 || a.PromptBlocks != 3 {
 		t.Fatalf("route's terms: %+v, want chosen %+v of %+v", a, want[1], want)
 	}
+	if n := metric(t, ts.URL, `kvradix_route_decisions_total{instance="2",model="m:default"}`); n != 1 {
+		t.Fatalf("%v routes to instance 2 counted, want 1", n)
+	}
+	if n := metric(t, ts.URL, `kvradix_route_duration_seconds_count`); n != 1 {
+		t.Fatalf("%v route latencies observed, want 1", n)
+	}
 	for _, step := range []struct {
 		path string
 		code int
