@@ -46,6 +46,8 @@ var (
 	descReceived  = prometheus.NewDesc("kvradix_subscriber_last_sequence", "The last sequence number received from an engine.", []string{"instance", "dp_rank"}, nil)
 	descBusSeq    = prometheus.NewDesc("kvradix_bus_sequence", "The last sequence of a model's bus stream its index applied (on a bus).", []string{"model"}, nil)
 	descBusBad    = prometheus.NewDesc("kvradix_bus_bad_messages_total", "Messages of a model's bus stream that did not decode or apply (on a bus).", []string{"model"}, nil)
+	descDown      = prometheus.NewDesc("kvradix_subscriber_down", "1 while an engine's connection is down (its last receive failed; reconnecting), else 0.", []string{"instance", "dp_rank"}, nil)
+	descLastMsg   = prometheus.NewDesc("kvradix_subscriber_last_message_timestamp_seconds", "When the last message from an engine came, in Unix seconds.", []string{"instance", "dp_rank"}, nil)
 	descDisconnct = prometheus.NewDesc("kvradix_subscriber_disconnects_total", "Receive errors on an engine's connection (it reconnects).", []string{"instance", "dp_rank"}, nil)
 )
 
@@ -119,7 +121,7 @@ func (m *metrics) handler() http.Handler {
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descApplied, descRejected, descIgnored, descPairs, descBytes, descDepth,
-		descGaps, descReplayed, descRestarts, descLost, descReceived, descDisconnct, descBusSeq, descBusBad} {
+		descGaps, descReplayed, descRestarts, descLost, descReceived, descDisconnct, descDown, descLastMsg, descBusSeq, descBusBad} {
 		ch <- d
 	}
 }
@@ -162,6 +164,16 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		counter(descDisconnct, st.Disconnects, id, rank)
 		if r := inst.sub.Received(); len(r) > 0 {
 			gauge(descReceived, float64(r[0]), id, rank)
+		}
+		for _, es := range inst.sub.States() {
+			down := 0.0
+			if es.Down {
+				down = 1
+			}
+			gauge(descDown, down, id, rank)
+			if !es.LastMessage.IsZero() {
+				gauge(descLastMsg, float64(es.LastMessage.UnixNano())/1e9, id, rank)
+			}
 		}
 	}
 }

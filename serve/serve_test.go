@@ -141,7 +141,8 @@ func TestServiceEndToEnd(t *testing.T) {
 	resp.Body.Close()
 	for _, want := range []string{`kvradix_events_applied_total{model="m:default"}`, `kvradix_index_pairs{model="m:default"} 3`,
 		`kvradix_query_duration_seconds_count{endpoint="query"}`, `kvradix_subscriber_last_sequence{dp_rank="0",instance="7"}`,
-		`kvradix_query_blocks_matched_total{model="m:default"}`, `kvradix_query_best_instance_total{instance="7",model="m:default"}`} {
+		`kvradix_query_blocks_matched_total{model="m:default"}`, `kvradix_query_best_instance_total{instance="7",model="m:default"}`,
+		`kvradix_subscriber_down{dp_rank="0",instance="7"} 0`, `kvradix_subscriber_last_message_timestamp_seconds{dp_rank="0",instance="7"}`} {
 		if !strings.Contains(string(text), want) {
 			t.Errorf("/metrics has no %s", want)
 		}

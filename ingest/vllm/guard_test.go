@@ -659,3 +659,36 @@ func TestPause(t *testing.T) {
 	settle(t, sub, e)
 	sameIndex(t, pool.Index(), want)
 }
+
+// An engine away for longer than the handshake timeout (a restart takes
+// its time) is still reconnected to: reconnects retry for as long as the
+// subscriber lives, not HandshakeTimeout's worth of tries (it never was
+// heard from again).
+func TestPublisherComesBackLate(t *testing.T) {
+	e := newEngine(t, 1, PublisherConfig{Topic: "kv@e@m", ReplayEndpoint: "x"})
+	pool := shardpool.NewPool(1, bs)
+	defer pool.Close()
+	sub, err := NewSubscriber(pool, SubscriberConfig{BlockSize: bs, HandshakeTimeout: 200 * time.Millisecond}, e.endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	connect(t, sub, e)
+	e.publish(t, 10, radix.NewTree())
+	settle(t, sub, e)
+	live, replay := strings.TrimPrefix(e.pub.Addr(), "tcp://"), strings.TrimPrefix(e.pub.ReplayAddr(), "tcp://")
+	e.pub.Close()
+	time.Sleep(time.Second) // away for five handshake timeouts: the scenario, not a wait
+	var p *Publisher
+	waitFor(t, "the ports to be free again", func() bool {
+		p, err = NewPublisher(PublisherConfig{Endpoint: "tcp://" + live, ReplayEndpoint: "tcp://" + replay, Topic: "kv@e@m"})
+		return err == nil
+	})
+	defer p.Close()
+	waitFor(t, "the subscriber to reconnect", func() bool {
+		if _, err := p.Publish(nil); err != nil {
+			t.Fatal(err)
+		}
+		return sub.Stats().Restarts >= 1
+	})
+}

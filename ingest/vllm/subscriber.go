@@ -167,6 +167,8 @@ type endpoint struct {
 	resuming bool // ResumeAt was given and no message has come yet
 	scratch  []kvevent.RouterEvent
 	lastSeq  atomic.Uint64 // last sequence applied, plus one (0 = none)
+	lastRecv atomic.Int64  // when the last message was received, Unix ns (0 = none)
+	down     atomic.Bool   // the last receive failed: reconnecting
 }
 
 // Sink is where a Subscriber hands the events it receives: an indexer
@@ -225,12 +227,16 @@ func NewSubscriber(idx Sink, cfg SubscriberConfig, eps ...Endpoint) (*Subscriber
 			e.expected, e.resuming = ep.ResumeAt, true
 			e.lastSeq.Store(ep.ResumeAt)
 		}
+		// Reconnects retry for as long as the subscriber lives (an engine
+		// restarting takes its time: with a bounded count, one away for
+		// longer than HandshakeTimeout was never heard from again); the
+		// first dial is bounded by HandshakeTimeout.
 		e.sub = zmq4.NewSub(ctx, zmq4.WithDialerRetry(50*time.Millisecond), zmq4.WithDialerTimeout(cfg.HandshakeTimeout),
-			zmq4.WithDialerMaxRetries(int(cfg.HandshakeTimeout/(50*time.Millisecond))), zmq4.WithAutomaticReconnect(true))
+			zmq4.WithDialerMaxRetries(-1), zmq4.WithAutomaticReconnect(true))
 		if ep.Listen {
 			err = e.sub.Listen(g.endpoint(ep.Address))
 		} else {
-			err = e.sub.Dial(g.endpoint(ep.Address))
+			err = dialWithin(e.sub, g.endpoint(ep.Address), cfg.HandshakeTimeout)
 		}
 		if err == nil {
 			err = e.sub.SetOption(zmq4.OptionSubscribe, ep.Topic)
@@ -246,6 +252,23 @@ func NewSubscriber(idx Sink, cfg SubscriberConfig, eps ...Endpoint) (*Subscriber
 		go s.process(e)
 	}
 	return s, nil
+}
+
+// dialWithin dials addr, retrying until d has passed; then it closes the
+// socket, which ends the retries, and fails.
+func dialWithin(sub zmq4.Socket, addr string, d time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- sub.Dial(addr) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		sub.Close()
+		<-done
+		return fmt.Errorf("no connection within %v", d)
+	}
 }
 
 // receive moves messages from the socket to the endpoint's queue. A
@@ -264,6 +287,7 @@ func (s *Subscriber) receive(e *endpoint) {
 				return
 			}
 			s.c.disconnects.Add(1)
+			e.down.Store(true)
 			if !ctxwait.Sleep(s.ctx, backoff) {
 				return
 			}
@@ -271,6 +295,8 @@ func (s *Subscriber) receive(e *endpoint) {
 			continue
 		}
 		backoff = first
+		e.down.Store(false)
+		e.lastRecv.Store(time.Now().UnixNano())
 		if !e.queue.take(s.ctx, msgBytes(msg), s.cfg.MaxQueueBytes) {
 			return
 		}
@@ -685,6 +711,25 @@ func (s *Subscriber) Received() []uint64 {
 	out := make([]uint64, len(s.eps))
 	for i, e := range s.eps {
 		out[i] = e.lastSeq.Load()
+	}
+	return out
+}
+
+// EndpointState is where an endpoint's connection stands.
+type EndpointState struct {
+	Down        bool      // its last receive failed: reconnecting
+	LastMessage time.Time // when its last message came (zero: none yet)
+}
+
+// States returns, per endpoint (in NewSubscriber's order), where its
+// connection stands.
+func (s *Subscriber) States() []EndpointState {
+	out := make([]EndpointState, len(s.eps))
+	for i, e := range s.eps {
+		out[i].Down = e.down.Load()
+		if ns := e.lastRecv.Load(); ns != 0 {
+			out[i].LastMessage = time.Unix(0, ns)
+		}
 	}
 	return out
 }
