@@ -50,22 +50,34 @@ func TreeInvariants(t *Tree) error {
 	if len(t.root.workers) != 0 {
 		return fmt.Errorf("root holds workers")
 	}
-	n := 0
+	n, distinctNodes := 0, 0
 	for w, tw := range t.workers {
-		distinct := map[*node]bool{}
+		var distinct [kvevent.NumTiers]map[*node]bool
+		all := map[*node]bool{}
 		for h, m := range tw.names {
 			if _, ok := m.n.workers[w]; !ok || m.tiers == 0 {
 				return fmt.Errorf("worker %v hash %x names a node it is not in (tiers %b)", w, h, m.tiers)
 			}
-			distinct[m.n] = true
+			all[m.n] = true
+			for _, tier := range kvevent.Tiers {
+				if m.tiers.Has(tier) {
+					if distinct[tier] == nil {
+						distinct[tier] = map[*node]bool{}
+					}
+					distinct[tier][m.n] = true
+				}
+			}
 		}
-		if tw.nodes != len(distinct) {
-			return fmt.Errorf("worker %v counts %d nodes, names %d", w, tw.nodes, len(distinct))
+		for _, tier := range kvevent.Tiers {
+			if int(tw.nodes[tier]) != len(distinct[tier]) {
+				return fmt.Errorf("worker %v counts %d nodes in tier %v, names %d", w, tw.nodes[tier], tier, len(distinct[tier]))
+			}
+			n += len(distinct[tier])
 		}
-		n += len(distinct)
+		distinctNodes += len(all)
 	}
-	if n != pairs || n != t.size {
-		return fmt.Errorf("%d named nodes, %d memberships, size %d", n, pairs, t.size)
+	if distinctNodes != pairs || n != t.size {
+		return fmt.Errorf("%d named nodes, %d memberships, %d tier memberships, size %d", distinctNodes, pairs, n, t.size)
 	}
 	return nil
 }

@@ -112,7 +112,7 @@ type OverlapScores struct {
 	// of consecutive blocks from block 0 it holds.
 	Scores map[kvevent.Worker]uint32
 	// TreeSizes maps each scored worker to the number of blocks it holds in
-	// the whole index (a measure of its cache pressure).
+	// the whole index, on the device (a measure of its cache pressure).
 	TreeSizes map[kvevent.Worker]int
 }
 
@@ -124,8 +124,8 @@ type TierScores struct {
 	// prefix, the device-or-host prefix, and so on, each at least the one
 	// before.
 	Scores map[kvevent.Worker][kvevent.NumTiers]uint32
-	// TreeSizes maps each scored worker to the number of blocks it holds
-	// in any tier.
+	// TreeSizes maps each scored worker to the blocks it holds, summed over
+	// the tiers (a block in two tiers counts twice).
 	TreeSizes map[kvevent.Worker]int
 }
 
@@ -133,8 +133,10 @@ type TierScores struct {
 // membership: Stored adds the event's tier to its blocks (a block may be
 // held in several), Removed and Cleared take away the event's tier only,
 // and a parent is found whatever tier it is held in. FindMatches counts the
-// device tier only (the seed's rule); FindTierMatches reports every tier.
-// Dump yields a Stored per tier held. Tree implements it.
+// device tier only (the seed's rule), its tree sizes the device's blocks;
+// FindTierMatches reports every tier. Size counts (worker, block, tier)
+// memberships. Dump yields a Stored per tier held. Tree and ConcurrentTree
+// implement it.
 //
 // Shared tiers: SetGroup declares a holder (a node's host cache, a pool's
 // remote store: a worker id of its own) as serving members; the blocks the
@@ -161,7 +163,8 @@ type Index interface {
 	FindMatches(local []uint64, earlyExit bool) OverlapScores
 	// RemoveWorker drops every rank of the worker and all it holds.
 	RemoveWorker(id kvevent.WorkerID)
-	// Size returns the number of (worker, block) pairs held.
+	// Size returns the number of (worker, block) pairs held (per tier, for
+	// an index that keeps tiers).
 	Size() int
 	// Dump returns Device-tier events that rebuild an equal index when
 	// applied in order to an empty one: Stored events, parents before

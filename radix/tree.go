@@ -26,7 +26,7 @@ type Tree struct {
 // treeWorker is what one worker holds.
 type treeWorker struct {
 	names map[uint64]name // engine hash -> the node it names, in which tiers
-	nodes int             // nodes held (each named by one or more hashes)
+	nodes tierCount       // per tier, the nodes held in it
 }
 
 // name is what one engine hash of a worker names: a node, held in one or
@@ -46,6 +46,15 @@ type node struct {
 // tierCount counts, per tier, the engine hashes of a worker naming a node
 // in that tier.
 type tierCount [kvevent.NumTiers]int32
+
+// sum returns the count over every tier.
+func (c tierCount) sum() int {
+	n := 0
+	for _, x := range c {
+		n += int(x)
+	}
+	return n
+}
 
 // set returns the tiers counted.
 func (c tierCount) set() kvevent.TierSet {
@@ -142,13 +151,13 @@ func (t *Tree) store(w kvevent.Worker, d kvevent.Stored, tier kvevent.Tier) erro
 
 // hold counts one more engine hash of w naming n in tier.
 func (t *Tree) hold(n *node, w kvevent.Worker, tw *treeWorker, tier kvevent.Tier) {
-	c, held := n.workers[w]
-	c[tier]++
-	n.workers[w] = c
-	if !held {
-		tw.nodes++
+	c := n.workers[w]
+	if c[tier] == 0 {
+		tw.nodes[tier]++
 		t.size++
 	}
+	c[tier]++
+	n.workers[w] = c
 }
 
 func (t *Tree) remove(w kvevent.Worker, hashes []uint64, tier kvevent.Tier) error {
@@ -204,7 +213,10 @@ func (t *Tree) unname(n *node, w kvevent.Worker, tw *treeWorker, tiers kvevent.T
 	c := n.workers[w]
 	for _, tier := range kvevent.Tiers {
 		if tiers.Has(tier) {
-			c[tier]--
+			if c[tier]--; c[tier] == 0 {
+				tw.nodes[tier]--
+				t.size--
+			}
 		}
 	}
 	if c.set() != 0 {
@@ -212,8 +224,6 @@ func (t *Tree) unname(n *node, w kvevent.Worker, tw *treeWorker, tiers kvevent.T
 		return
 	}
 	delete(n.workers, w)
-	tw.nodes--
-	t.size--
 	for n != t.root && len(n.workers) == 0 && len(n.children) == 0 {
 		delete(n.parent.children, n.key)
 		n = n.parent
@@ -280,7 +290,7 @@ func (t *Tree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
 		res.Scores[w] = uint32(depth)
 	}
 	for w := range res.Scores {
-		res.TreeSizes[w] = t.workers[w].nodes
+		res.TreeSizes[w] = int(t.workers[w].nodes[kvevent.TierDevice])
 	}
 	return res
 }
@@ -379,7 +389,7 @@ func (t *Tree) FindTierMatches(local []uint64) TierScores {
 	}
 	for w := range res.Scores {
 		if tw := t.workers[w]; tw != nil {
-			res.TreeSizes[w] = tw.nodes
+			res.TreeSizes[w] = tw.nodes.sum()
 		}
 	}
 	return res

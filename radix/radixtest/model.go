@@ -239,21 +239,40 @@ func (m *Model) Tiers(w kvevent.Worker, h uint64) kvevent.TierSet {
 	return 0
 }
 
-// Size returns the number of (worker, path) pairs held.
+// Size returns the number of (worker, path, tier) memberships.
 func (m *Model) Size() int {
 	n := 0
-	for _, mw := range m.workers {
-		n += len(mw.byPath())
+	for w := range m.workers {
+		n += m.TierTreeSize(w)
 	}
 	return n
 }
 
-// TreeSize returns how many blocks w holds.
-func (m *Model) TreeSize(w kvevent.Worker) int {
-	if mw := m.workers[w]; mw != nil {
-		return len(mw.byPath())
+// TreeSize returns how many blocks w holds on the device.
+func (m *Model) TreeSize(w kvevent.Worker) int { return m.pathsIn(w, kvevent.TierDevice) }
+
+// TierTreeSize returns how many blocks w holds, summed over the tiers.
+func (m *Model) TierTreeSize(w kvevent.Worker) int {
+	n := 0
+	for _, t := range kvevent.Tiers {
+		n += m.pathsIn(w, t)
 	}
-	return 0
+	return n
+}
+
+// pathsIn counts the paths w holds in tier t.
+func (m *Model) pathsIn(w kvevent.Worker, t kvevent.Tier) int {
+	mw := m.workers[w]
+	if mw == nil {
+		return 0
+	}
+	paths := map[string]bool{}
+	for h, p := range mw.byHash {
+		if mw.tiers[h].Has(t) {
+			paths[p] = true
+		}
+	}
+	return len(paths)
 }
 
 // Hashes returns the engine hashes w holds, sorted.

@@ -287,7 +287,7 @@ func Check(t testing.TB, idx radix.Index, model *Model, query []uint64) {
 	if !maps.Equal(got.Scores, want) {
 		t.Fatalf("query %v: scores %v, model says %v", query, got.Scores, want)
 	}
-	checkTreeSizes(t, query, got.TreeSizes, maps.Keys(want), model)
+	checkTreeSizes(t, query, got.TreeSizes, maps.Keys(want), model.TreeSize)
 	checkTiers(t, idx, model, query)
 	if idx.Size() != model.Size() {
 		t.Fatalf("size %d, model says %d", idx.Size(), model.Size())
@@ -303,11 +303,11 @@ func Check(t testing.TB, idx radix.Index, model *Model, query []uint64) {
 
 // checkTreeSizes compares an index's tree sizes of the scored workers
 // with the model's.
-func checkTreeSizes(t testing.TB, query []uint64, got map[kvevent.Worker]int, scored iter.Seq[kvevent.Worker], model *Model) {
+func checkTreeSizes(t testing.TB, query []uint64, got map[kvevent.Worker]int, scored iter.Seq[kvevent.Worker], size func(kvevent.Worker) int) {
 	t.Helper()
 	for w := range scored {
-		if got[w] != model.TreeSize(w) {
-			t.Fatalf("query %v: tree size of %v is %d, model says %d", query, w, got[w], model.TreeSize(w))
+		if got[w] != size(w) {
+			t.Fatalf("query %v: tree size of %v is %d, model says %d", query, w, got[w], size(w))
 		}
 	}
 }

@@ -161,5 +161,5 @@ func checkTiers(t testing.TB, idx radix.Index, model *Model, query []uint64) {
 	if !maps.Equal(got.Scores, want) {
 		t.Fatalf("query %v: tier scores %v, model says %v", query, got.Scores, want)
 	}
-	checkTreeSizes(t, query, got.TreeSizes, maps.Keys(want), model)
+	checkTreeSizes(t, query, got.TreeSizes, maps.Keys(want), model.TierTreeSize)
 }
