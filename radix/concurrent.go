@@ -65,6 +65,9 @@ type ConcurrentTree struct {
 	size       atomic.Int64
 	collisions atomic.Uint64 // see Collisions
 	scratch    sync.Pool     // *matchScratch
+	groupsMu   sync.Mutex    // serialises SetGroup
+	groups     atomic.Pointer[groups]
+	tiered     atomic.Bool // an event of a tier other than the device's came
 }
 
 // Collisions returns how many child-count updates found no node to update:
@@ -360,22 +363,52 @@ func (t *ConcurrentTree) ApplyBatch(evs []kvevent.RouterEvent, errs []error) {
 	}
 }
 
-// Apply implements Index. See the type's concurrency contract.
+// Apply implements Index. See the type's concurrency contract. An event of
+// a tier other than the device's goes to the worker's holder for that tier
+// (see tierHolder).
 func (t *ConcurrentTree) Apply(ev kvevent.RouterEvent) error {
 	t.ready()
 	w := ev.Worker()
+	if err := checkRank(w); err != nil {
+		return err
+	}
+	h := tierHolder(w, ev.Tier)
+	if ev.Tier != kvevent.TierDevice && !t.tiered.Load() {
+		t.tiered.Store(true)
+	}
 	switch d := ev.Event.Data.(type) {
 	case kvevent.Stored:
-		return t.store(w, d)
+		return t.store(h, d)
 	case kvevent.Removed:
-		return t.remove(w, d.BlockHashes)
+		return t.remove(h, d.BlockHashes)
 	case kvevent.Cleared:
-		if cw, ok := t.workers.Load(w); ok {
+		if cw, ok := t.workers.Load(h); ok {
 			t.forget(cw)
 		}
 		return nil
 	}
 	return fmt.Errorf("%w: event %d of worker %v has no data", ErrInvalidEvent, ev.Event.ID, w)
+}
+
+// parentInTiers finds a parent hash among the other tiers' holders of h's
+// worker: a block stored in one tier may hang under one held in another.
+// Those holders are the same worker id's, so the same goroutine writes
+// them (the contract): their maps are safe to read, and the parent stays
+// held while the store runs.
+func (t *ConcurrentTree) parentInTiers(h kvevent.Worker, parent uint64) (uint64, bool) {
+	w, _ := tierHolderOf(h)
+	for _, tier := range kvevent.Tiers {
+		o := tierHolder(w, tier)
+		if o == h {
+			continue
+		}
+		if cw, ok := t.workers.Load(o); ok {
+			if k, ok := cw.lookup[parent]; ok {
+				return k, true
+			}
+		}
+	}
+	return 0, false
 }
 
 func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
@@ -390,7 +423,11 @@ func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
 			k, ok = cw.lookup[d.ParentHash]
 		}
 		if !ok {
-			return fmt.Errorf("%w: worker %v, parent %#x", ErrParentNotFound, w, d.ParentHash)
+			k, ok = t.parentInTiers(w, d.ParentHash)
+		}
+		if !ok {
+			rw, _ := tierHolderOf(w)
+			return fmt.Errorf("%w: worker %v, parent %#x", ErrParentNotFound, rw, d.ParentHash)
 		}
 		parent = k
 	}
@@ -400,6 +437,7 @@ func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	if !known {
 		cw = t.worker(w)
 	}
+	others := t.otherTiers(w)
 	for _, b := range d.Blocks {
 		key := childKey(parent, b.TokensHash)
 		old, had := cw.lookup[b.BlockHash]
@@ -422,9 +460,50 @@ func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
 		if had {
 			t.unname(old, cw)
 		}
+		t.moved(others, b.BlockHash, key)
 		parent = key
 	}
+	for _, o := range others {
+		if o != nil && len(o.lookup) == 0 {
+			t.forget(o)
+		}
+	}
 	return nil
+}
+
+// otherTiers returns the holders of h's worker in the other tiers (none
+// while every event has been the device's).
+func (t *ConcurrentTree) otherTiers(h kvevent.Worker) (out [kvevent.NumTiers - 1]*cworker) {
+	if !t.tiered.Load() {
+		return out
+	}
+	w, tier := tierHolderOf(h)
+	i := 0
+	for _, o := range kvevent.Tiers {
+		if o == tier {
+			continue
+		}
+		out[i], _ = t.workers.Load(tierHolder(w, o))
+		i++
+	}
+	return out
+}
+
+// moved makes the other tiers' holders leave engine hash h if it names a
+// node other than key there: a hash stored under another path names a
+// new block, in the new tier only (as Tree). The caller has joined key
+// first, so the path stored is never cut. (A hash named at key here names
+// nothing else in the other tiers: moved keeps it so.)
+func (t *ConcurrentTree) moved(others [kvevent.NumTiers - 1]*cworker, h, key uint64) {
+	for _, o := range others {
+		if o == nil {
+			continue
+		}
+		if old, ok := o.lookup[h]; ok && old != key {
+			delete(o.lookup, h)
+			t.unname(old, o)
+		}
+	}
 }
 
 // unname drops one engine hash of cw naming the node key (the lookup entry
@@ -545,11 +624,83 @@ func (t *ConcurrentTree) FindMatches(local []uint64, earlyExit bool) OverlapScor
 	}
 	res := newScores(len(s.found))
 	for _, f := range s.found {
+		if f.w.worker.DPRank >= 1<<tierShift {
+			continue // a holder of another tier: not the device's
+		}
 		res.Scores[f.w.worker] = f.score
 		res.TreeSizes[f.w.worker] = int(f.w.size.Load())
 	}
 	clear(s.found) // drop the references to workers
 	t.scratch.Put(s)
+	return res
+}
+
+// SetGroup implements TierIndex (safe with readers and writers).
+func (t *ConcurrentTree) SetGroup(holder kvevent.Worker, members []kvevent.Worker) {
+	t.groupsMu.Lock()
+	defer t.groupsMu.Unlock()
+	t.groups.Store(t.groups.Load().with(holder, members))
+}
+
+// FindTierMatches implements TierIndex: the walk of FindMatches, reading
+// at each node which tiers' holders of each worker are in it (and its
+// groups'). As FindMatches, it walks again if a slot was reused meanwhile.
+func (t *ConcurrentTree) FindTierMatches(local []uint64) TierScores {
+	t.ready()
+	for {
+		epoch := t.slots.epoch.Load()
+		res := t.tierWalk(local)
+		if t.slots.epoch.Load() == epoch {
+			return res
+		}
+	}
+}
+
+func (t *ConcurrentTree) tierWalk(local []uint64) TierScores {
+	g := t.groups.Load()
+	tw := newTierWalk()
+	key := rootKey
+	var buf [1]uint32
+	at := map[kvevent.Worker]kvevent.TierSet{}
+	for i, h := range local {
+		key = childKey(key, h)
+		n, ok := t.nodes.Load(key)
+		if !ok {
+			break
+		}
+		clear(at)
+		for _, slot := range n.slots(&buf) {
+			if cw := t.slots.get(slot); cw != nil {
+				w, tier := tierHolderOf(cw.worker)
+				at[w] |= tier.Set()
+			}
+		}
+		if i == 0 {
+			for w := range at {
+				tw.start(w, g)
+				for _, m := range g.membersOf(w) {
+					tw.start(m, g)
+				}
+			}
+		}
+		if !tw.block(i, func(w kvevent.Worker) kvevent.TierSet {
+			s := at[w]
+			for _, hd := range g.holdersOf(w) {
+				s |= at[hd]
+			}
+			return s
+		}) {
+			break
+		}
+	}
+	res := tw.finish()
+	for w := range res.Scores {
+		for _, tier := range kvevent.Tiers {
+			if cw, ok := t.workers.Load(tierHolder(w, tier)); ok {
+				res.TreeSizes[w] += int(cw.size.Load())
+			}
+		}
+	}
 	return res
 }
 
@@ -622,8 +773,13 @@ func (t *ConcurrentTree) dumpEach(yield func(kvevent.RouterEvent)) {
 		return d
 	}
 	d := &dumper[uint64]{
-		root:  rootKey,
-		yield: yield,
+		root: rootKey,
+		// A holder's events are its worker's, in its tier.
+		yield: func(ev kvevent.RouterEvent) {
+			w, tier := tierHolderOf(ev.Worker())
+			ev.Event.DPRank, ev.Tier = w.DPRank, tier
+			yield(ev)
+		},
 		key: func(k uint64) uint64 {
 			n, _ := t.nodes.Load(k)
 			return localOf(k, n.parent)
@@ -632,10 +788,16 @@ func (t *ConcurrentTree) dumpEach(yield func(kvevent.RouterEvent)) {
 			n, _ := t.nodes.Load(k)
 			return n.parent
 		},
-		owns: func(w kvevent.Worker, h uint64) bool {
-			cw, _ := t.workers.Load(w)
-			_, ok := cw.lookup[h]
-			return ok
+		owns: func(hw kvevent.Worker, h uint64) bool { // in any tier: placeholders must not alias
+			w, _ := tierHolderOf(hw)
+			for _, tier := range kvevent.Tiers {
+				if cw, ok := t.workers.Load(tierHolder(w, tier)); ok {
+					if _, ok := cw.lookup[h]; ok {
+						return true
+					}
+				}
+			}
+			return false
 		},
 	}
 	dumpByDepth(d, func(add func(w kvevent.Worker, h, n uint64)) {

@@ -150,7 +150,10 @@ type TierIndex interface {
 	SetGroup(holder kvevent.Worker, members []kvevent.Worker)
 }
 
-var _ TierIndex = (*Tree)(nil)
+var (
+	_ TierIndex = (*Tree)(nil)
+	_ TierIndex = (*ConcurrentTree)(nil)
+)
 
 // Index is the contract every prefix index implements.
 type Index interface {

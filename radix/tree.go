@@ -17,10 +17,7 @@ type Tree struct {
 	root    *node
 	workers map[kvevent.Worker]*treeWorker
 	size    int
-	// Shared tiers (SetGroup): a holder's blocks count for its members in
-	// FindTierMatches.
-	groups   map[kvevent.Worker][]kvevent.Worker // holder -> members
-	memberOf map[kvevent.Worker][]kvevent.Worker // member -> holders
+	groups  *groups // shared tiers (SetGroup)
 }
 
 // treeWorker is what one worker holds.
@@ -297,29 +294,13 @@ func (t *Tree) FindMatches(local []uint64, earlyExit bool) OverlapScores {
 
 // SetGroup implements TierIndex.
 func (t *Tree) SetGroup(holder kvevent.Worker, members []kvevent.Worker) {
-	for _, m := range t.groups[holder] {
-		t.memberOf[m] = slices.DeleteFunc(t.memberOf[m], func(h kvevent.Worker) bool { return h == holder })
-		if len(t.memberOf[m]) == 0 {
-			delete(t.memberOf, m)
-		}
-	}
-	delete(t.groups, holder)
-	if len(members) == 0 {
-		return
-	}
-	if t.groups == nil {
-		t.groups, t.memberOf = map[kvevent.Worker][]kvevent.Worker{}, map[kvevent.Worker][]kvevent.Worker{}
-	}
-	t.groups[holder] = slices.Clone(members)
-	for _, m := range members {
-		t.memberOf[m] = append(t.memberOf[m], holder)
-	}
+	t.groups = t.groups.with(holder, members)
 }
 
 // tiersAt returns the tiers in which w holds n, its groups' included.
 func (t *Tree) tiersAt(n *node, w kvevent.Worker) kvevent.TierSet {
 	s := n.workers[w].set()
-	for _, g := range t.memberOf[w] {
+	for _, g := range t.groups.holdersOf(w) {
 		s |= n.workers[g].set()
 	}
 	return s
@@ -330,79 +311,33 @@ func (t *Tree) tiersAt(n *node, w kvevent.Worker) kvevent.TierSet {
 // Group holders are not scored; their members are, with their holdings.
 func (t *Tree) FindTierMatches(local []uint64) TierScores {
 	t.ready()
-	res := TierScores{Scores: map[kvevent.Worker][kvevent.NumTiers]uint32{}, TreeSizes: map[kvevent.Worker]int{}}
-	type walk struct {
-		w    kvevent.Worker
-		near int // the nearest tier whose prefix still grows
-	}
-	var active []walk
+	tw := newTierWalk()
 	cur := t.root
-	depth := 0
 	for i, h := range local {
 		child := cur.children[h]
 		if child == nil {
 			break
 		}
 		if i == 0 {
-			start := func(w kvevent.Worker) {
-				if _, holder := t.groups[w]; holder {
-					return
-				}
-				if _, seen := res.Scores[w]; !seen {
-					active = append(active, walk{w: w})
-					res.Scores[w] = [kvevent.NumTiers]uint32{}
-				}
-			}
 			for w := range child.workers {
-				start(w)
-				for _, m := range t.groups[w] {
-					start(m)
+				tw.start(w, t.groups)
+				for _, m := range t.groups.membersOf(w) {
+					tw.start(m, t.groups)
 				}
 			}
 		}
-		keep := active[:0]
-		for _, a := range active {
-			near := nearestTier(t.tiersAt(child, a.w))
-			if near > a.near {
-				sc := res.Scores[a.w]
-				for l := a.near; l < near; l++ {
-					sc[l] = uint32(i)
-				}
-				res.Scores[a.w], a.near = sc, near
-			}
-			if a.near < kvevent.NumTiers {
-				keep = append(keep, a)
-			}
-		}
-		active = keep
-		if len(active) == 0 {
+		if !tw.block(i, func(w kvevent.Worker) kvevent.TierSet { return t.tiersAt(child, w) }) {
 			break
 		}
-		cur, depth = child, i+1
+		cur = child
 	}
-	for _, a := range active {
-		sc := res.Scores[a.w]
-		for l := a.near; l < kvevent.NumTiers; l++ {
-			sc[l] = uint32(depth)
-		}
-		res.Scores[a.w] = sc
-	}
+	res := tw.finish()
 	for w := range res.Scores {
 		if tw := t.workers[w]; tw != nil {
 			res.TreeSizes[w] = tw.nodes.sum()
 		}
 	}
 	return res
-}
-
-// nearestTier returns the nearest tier in s, or NumTiers if s is empty.
-func nearestTier(s kvevent.TierSet) int {
-	for l, tier := range kvevent.Tiers {
-		if s.Has(tier) {
-			return l
-		}
-	}
-	return kvevent.NumTiers
 }
 
 // Dump implements Index. It walks the tree breadth first, so parents come

@@ -24,16 +24,29 @@ func FuzzTree(f *testing.F) {
 
 // FuzzTreeTiers runs fuzz-chosen tiered streams against the model.
 func FuzzTreeTiers(f *testing.F) {
+	fuzzTiers(f, func() radix.TierIndex { return radix.NewTree() }, func(idx radix.TierIndex) error {
+		return radix.TreeInvariants(idx.(*radix.Tree))
+	})
+}
+
+// FuzzConcurrentTreeTiers is FuzzTreeTiers for the concurrent tree.
+func FuzzConcurrentTreeTiers(f *testing.F) {
+	fuzzTiers(f, func() radix.TierIndex { return radix.NewConcurrentTree() }, func(radix.TierIndex) error { return nil })
+}
+
+// fuzzTiers runs fuzz-chosen tiered streams against the model, checking
+// the index's structure after every step.
+func fuzzTiers(f *testing.F, newIndex func() radix.TierIndex, check func(radix.TierIndex) error) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		src := &radixtest.Bytes{B: b}
 		g := &radixtest.Gen{Src: src, Model: radixtest.NewModel(), Tiers: true}
-		tree := radix.NewTree()
+		idx := newIndex()
 		for !src.Exhausted() {
-			if !radixtest.Step(t, tree, g) {
+			if !radixtest.Step(t, idx, g) {
 				return
 			}
-			if err := radix.TreeInvariants(tree); err != nil {
+			if err := check(idx); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -59,6 +72,10 @@ func TestTreeStructure(t *testing.T) {
 			t.Fatalf("seed %d: %d nodes and %d pairs left after removing every worker", seed, n, tree.Size())
 		}
 	}
+}
+
+func TestConcurrentTreeTiers(t *testing.T) {
+	radixtest.RunTiers(t, func() radix.TierIndex { return radix.NewConcurrentTree() })
 }
 
 func TestConcurrentTreeConformance(t *testing.T) {
