@@ -137,8 +137,8 @@ type Router struct {
 
 // New returns a router with its own indexer: the single-threaded one for
 // IndexerLanes 1, else a pool of that many lanes over the compressed index;
-// in KVTiers mode the single-threaded one keeping every tier, whatever
-// IndexerLanes says. Invalid configuration is an error.
+// in KVTiers mode ones that keep every tier (the single-threaded one, or a
+// pool over the concurrent index). Invalid configuration is an error.
 func New(mode Mode, cfg Config, numWorkers int) (*Router, error) {
 	if cfg.IndexerLanes < 1 {
 		return nil, fmt.Errorf("router: %d indexer lanes, want >= 1", cfg.IndexerLanes)
@@ -148,8 +148,10 @@ func New(mode Mode, cfg Config, numWorkers int) (*Router, error) {
 	}
 	var idx shardpool.Indexer
 	switch {
-	case mode == KVTiers:
+	case mode == KVTiers && cfg.IndexerLanes == 1:
 		idx = shardpool.NewSingleTiers(cfg.BlockSize)
+	case mode == KVTiers:
+		idx = shardpool.NewPoolTiers(cfg.IndexerLanes, cfg.BlockSize)
 	case mode == KV:
 		if cfg.IndexerLanes == 1 {
 			idx = shardpool.NewSingle(cfg.BlockSize)
@@ -175,8 +177,8 @@ func NewWithIndexer(mode Mode, cfg Config, numWorkers int, idx shardpool.Indexer
 	if (mode != RoundRobin) != (idx != nil) {
 		return nil, fmt.Errorf("router: %v mode with indexer %v: KV modes need one, round robin none", mode, idx)
 	}
-	if _, ok := idx.(shardpool.TierIndexer); mode == KVTiers && !ok {
-		return nil, fmt.Errorf("router: %v mode needs an indexer that keeps tiers (shardpool.NewSingleTiers)", mode)
+	if ti, ok := idx.(shardpool.TierIndexer); mode == KVTiers && (!ok || !ti.KeepsTiers()) {
+		return nil, fmt.Errorf("router: %v mode needs an indexer that keeps tiers (shardpool.NewSingleTiers, NewPoolTiers)", mode)
 	}
 	return newRouter(mode, cfg, numWorkers, idx)
 }

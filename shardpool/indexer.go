@@ -65,9 +65,12 @@ type Indexer interface {
 // TierIndexer is an Indexer that reports every tier: a worker's cumulative
 // prefix on the device, on the device or the host, and so on
 // (radix.TierScores), with shared tiers (radix.TierIndex.SetGroup).
-// NewSingleTiers keeps every tier.
+// NewSingleTiers and NewPoolTiers keep every tier; the others answer for
+// the device alone (Single) or refuse (Pool).
 type TierIndexer interface {
 	Indexer
+	// KeepsTiers reports whether events of every tier are indexed.
+	KeepsTiers() bool
 	FindTierMatches(local []uint64) (radix.TierScores, error)
 	SetGroup(holder kvevent.Worker, members []kvevent.Worker) error
 }

@@ -1,6 +1,7 @@
 package shardpool
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 
@@ -30,6 +31,7 @@ import (
 type Pool struct {
 	h      *hasher
 	tree   radix.ConcurrentIndex
+	tiers  radix.TierIndex // the tree, if it keeps tiers (NewPoolTiers)
 	lanes  []chan msg
 	state  []laneState
 	gate   gate
@@ -73,7 +75,52 @@ func NewPoolOver(lanes, blockSize int, idx radix.ConcurrentIndex) *Pool {
 	return p
 }
 
-var _ Indexer = (*Pool)(nil)
+// NewPoolTiers starts a pool over a radix.ConcurrentTree keeping every
+// tier: events of the host, disk and external tiers are indexed too, and
+// FindTierMatches reports each worker's cumulative prefix per tier.
+func NewPoolTiers(lanes, blockSize int) *Pool {
+	t := radix.NewConcurrentTree()
+	p := NewPoolOver(lanes, blockSize, t)
+	p.tiers = t
+	return p
+}
+
+var (
+	_ Indexer     = (*Pool)(nil)
+	_ TierIndexer = (*Pool)(nil)
+)
+
+// errNoTiers is a tier call's error on an indexer that keeps the device
+// tier only.
+var errNoTiers = errors.New("shardpool: this indexer keeps the device tier only (NewPoolTiers, NewSingleTiers keep every tier)")
+
+// KeepsTiers implements TierIndexer.
+func (p *Pool) KeepsTiers() bool { return p.tiers != nil }
+
+// FindTierMatches implements TierIndexer; it runs on the caller's
+// goroutine.
+func (p *Pool) FindTierMatches(local []uint64) (radix.TierScores, error) {
+	if p.tiers == nil {
+		return radix.TierScores{}, errNoTiers
+	}
+	if p.closed.Load() {
+		return radix.TierScores{}, p.gate.usable()
+	}
+	return p.tiers.FindTierMatches(local), nil
+}
+
+// SetGroup implements TierIndexer (at once, not in order with the events
+// queued).
+func (p *Pool) SetGroup(holder kvevent.Worker, members []kvevent.Worker) error {
+	if p.tiers == nil {
+		return errNoTiers
+	}
+	if err := p.gate.usable(); err != nil {
+		return err
+	}
+	p.tiers.SetGroup(holder, members)
+	return nil
+}
 
 // Lanes returns the number of lanes.
 func (p *Pool) Lanes() int { return len(p.lanes) }
@@ -163,7 +210,7 @@ func (p *Pool) ApplyEvent(ev kvevent.RouterEvent) error {
 		return err
 	}
 	defer p.gate.leave()
-	if !ev.Tier.IsGPU() {
+	if !ev.Tier.IsGPU() && p.tiers == nil {
 		p.c.ignoredTier.Add(1)
 		return nil
 	}

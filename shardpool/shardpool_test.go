@@ -400,12 +400,28 @@ func TestClearedClearsOneRank(t *testing.T) {
 	})
 }
 
-// NewSingleTiers keeps the host-pinned store: not in the device scores,
-// but in the device-or-host prefix; an offload (the device copy removed)
-// leaves it there.
-func TestSingleTiers(t *testing.T) {
-	idx := shardpool.NewSingleTiers(4)
+// The indexers that keep tiers keep the host-pinned store: not in the
+// device scores, but in the device-or-host prefix; an offload (the device
+// copy removed) leaves it there; a shared store counts for its members.
+func TestTiers(t *testing.T) {
+	for name, newIdx := range map[string]func() shardpool.TierIndexer{
+		"single": func() shardpool.TierIndexer { return shardpool.NewSingleTiers(4) },
+		"pool":   func() shardpool.TierIndexer { return shardpool.NewPoolTiers(2, 4) },
+	} {
+		t.Run(name, func(t *testing.T) { testTiers(t, newIdx()) })
+	}
+	pool := shardpool.NewPool(2, 4)
+	defer pool.Close()
+	if _, err := pool.FindTierMatches(nil); err == nil || pool.KeepsTiers() {
+		t.Fatal("a pool keeping the device tier only answered for tiers")
+	}
+}
+
+func testTiers(t *testing.T, idx shardpool.TierIndexer) {
 	defer idx.Close()
+	if !idx.KeepsTiers() {
+		t.Fatal("does not keep tiers")
+	}
 	tokens := []uint32{1, 2, 3, 4}
 	w7 := kvevent.Worker{ID: 7}
 	check(t, idx.ApplyEvent(storedTokens(kvevent.TierDevice, tokens)))

@@ -142,6 +142,9 @@ func (s *Single) FindMatches(local []uint64) (radix.OverlapScores, error) {
 	return r.scores, err
 }
 
+// KeepsTiers implements TierIndexer.
+func (s *Single) KeepsTiers() bool { return s.tiers }
+
 // FindTierMatches implements TierIndexer; without NewSingleTiers only the
 // device tier is held, so every tier's prefix is the device's.
 func (s *Single) FindTierMatches(local []uint64) (radix.TierScores, error) {
