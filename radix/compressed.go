@@ -127,6 +127,10 @@ type CompressedTree struct {
 	slotMu   sync.Mutex // guards freeSlot and slots
 	freeSlot []uint32
 	slots    uint32 // slots handed out so far
+
+	groupsMu sync.Mutex // serialises SetGroup
+	groups   atomic.Pointer[groups]
+	tiered   atomic.Bool // an event of a tier other than the device's came
 }
 
 // rootStripes is how many locks guard the creation and deletion of
@@ -344,20 +348,46 @@ func (t *CompressedTree) ApplyBatch(evs []kvevent.RouterEvent, errs []error) {
 	}
 }
 
+// apply applies one event; an event of a tier other than the device's goes
+// to the worker's holder for that tier (see tierHolder).
 func (t *CompressedTree) apply(ev kvevent.RouterEvent) error {
 	w := ev.Worker()
+	if err := checkRank(w); err != nil {
+		return err
+	}
+	h := tierHolder(w, ev.Tier)
+	if ev.Tier != kvevent.TierDevice && !t.tiered.Load() {
+		t.tiered.Store(true)
+	}
 	switch d := ev.Event.Data.(type) {
 	case kvevent.Stored:
-		return t.store(w, d)
+		return t.store(h, d)
 	case kvevent.Removed:
-		return t.remove(w, d.BlockHashes)
+		return t.remove(h, d.BlockHashes)
 	case kvevent.Cleared:
-		if xw, _ := t.workers.Load(w); xw != nil {
+		if xw, _ := t.workers.Load(h); xw != nil {
 			t.forget(xw)
 		}
 		return nil
 	}
 	return fmt.Errorf("%w: event %d of worker %v has no data", ErrInvalidEvent, ev.Event.ID, w)
+}
+
+// otherTiers returns the holders of h's worker in the other tiers (none
+// while every event has been the device's).
+func (t *CompressedTree) otherTiers(h kvevent.Worker) (out [kvevent.NumTiers - 1]*xworker) {
+	if !t.tiered.Load() {
+		return out
+	}
+	w, tier := tierHolderOf(h)
+	i := 0
+	for _, o := range kvevent.Tiers {
+		if o != tier {
+			out[i], _ = t.workers.Load(tierHolder(w, o))
+			i++
+		}
+	}
+	return out
 }
 
 // worker returns w's state, registering it on first sight with the slot

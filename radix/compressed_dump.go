@@ -26,8 +26,13 @@ func (t *CompressedTree) dumpEach(yield func(kvevent.RouterEvent)) {
 		return d
 	}
 	d := &dumper[uint64]{
-		root:  0,
-		yield: yield,
+		root: 0,
+		// A holder's events are its worker's, in its tier.
+		yield: func(ev kvevent.RouterEvent) {
+			w, tier := tierHolderOf(ev.Worker())
+			ev.Event.DPRank, ev.Tier = w.DPRank, tier
+			yield(ev)
+		},
 		key: func(loc uint64) uint64 {
 			r, off := t.unpack(loc)
 			return r.view()[off]
@@ -42,10 +47,16 @@ func (t *CompressedTree) dumpEach(yield func(kvevent.RouterEvent)) {
 			}
 			return 0
 		},
-		owns: func(w kvevent.Worker, h uint64) bool {
-			xw, _ := t.workers.Load(w)
-			_, ok := xw.eng.get(h)
-			return ok
+		owns: func(hw kvevent.Worker, h uint64) bool { // in any tier: placeholders must not alias
+			w, _ := tierHolderOf(hw)
+			for _, tier := range kvevent.Tiers {
+				if xw, _ := t.workers.Load(tierHolder(w, tier)); xw != nil {
+					if _, ok := xw.eng.get(h); ok {
+						return true
+					}
+				}
+			}
+			return false
 		},
 	}
 	dumpByDepth(d, func(add func(w kvevent.Worker, h, n uint64)) {

@@ -88,6 +88,82 @@ func (t *CompressedTree) FindMatches(local []uint64, earlyExit bool) OverlapScor
 	return res
 }
 
+// SetGroup implements TierIndex (safe with readers and writers).
+func (t *CompressedTree) SetGroup(holder kvevent.Worker, members []kvevent.Worker) {
+	t.ready()
+	t.groupsMu.Lock()
+	defer t.groupsMu.Unlock()
+	t.groups.Store(t.groups.Load().with(holder, members))
+}
+
+// FindTierMatches implements TierIndex. Which positions of a run a holder
+// holds is the writers' (its bitset, under the run's lock; readers see only
+// its cut), so this walk locks each run of the path in turn while it reads
+// them: a tier query waits for the writers of those runs, as they wait for
+// it, where FindMatches waits for nobody.
+func (t *CompressedTree) FindTierMatches(local []uint64) TierScores {
+	t.ready()
+	g := t.groups.Load()
+	tw := newTierWalk()
+	var r *crun
+	if len(local) > 0 {
+		r = t.child(nil, 0, local[0])
+	}
+	at := map[kvevent.Worker]kvevent.TierSet{}
+	tiersOf := func(w kvevent.Worker) kvevent.TierSet {
+		s := at[w]
+		for _, hd := range g.holdersOf(w) {
+			s |= at[hd]
+		}
+		return s
+	}
+	for depth := 0; r != nil && depth < len(local); {
+		r.mu.Lock()
+		if r.dead {
+			r.mu.Unlock()
+			break
+		}
+		m := commonPrefix(local[depth:], r.view())
+		hs := r.holderArray()
+		growing := m > 0
+		for off := range m {
+			clear(at)
+			for i := range hs {
+				if hs[i].has(uint32(off)) {
+					w, tier := tierHolderOf(hs[i].w.worker)
+					at[w] |= tier.Set()
+				}
+			}
+			if depth+off == 0 {
+				for w := range at {
+					tw.start(w, g)
+					for _, mb := range g.membersOf(w) {
+						tw.start(mb, g)
+					}
+				}
+			}
+			if growing = tw.block(depth+off, tiersOf); !growing {
+				break
+			}
+		}
+		r.mu.Unlock()
+		depth += m
+		if !growing || depth == len(local) {
+			break
+		}
+		r = t.child(r, uint32(m-1), local[depth])
+	}
+	res := tw.finish()
+	for w := range res.Scores {
+		for _, tier := range kvevent.Tiers {
+			if xw, _ := t.workers.Load(tierHolder(w, tier)); xw != nil {
+				res.TreeSizes[w] += int(xw.size.Load())
+			}
+		}
+	}
+	return res
+}
+
 // Match is one worker's result of matching a request.
 type Match struct {
 	Worker   kvevent.Worker
@@ -153,10 +229,14 @@ func (t *CompressedTree) appendMatches(s *cmatchScratch, dst []Match, local []ui
 		r = t.child(r, uint32(m-1), local[depth])
 	}
 	for _, d := range dropped {
-		dst = append(dst, Match{d.w.worker, d.score, int(d.w.size.Load())})
+		if d.w.worker.DPRank < 1<<tierShift { // a holder of another tier is not the device's
+			dst = append(dst, Match{d.w.worker, d.score, int(d.w.size.Load())})
+		}
 	}
 	for _, w := range active {
-		dst = append(dst, Match{w.worker, uint32(depth), int(w.size.Load())})
+		if w.worker.DPRank < 1<<tierShift {
+			dst = append(dst, Match{w.worker, uint32(depth), int(w.size.Load())})
+		}
 	}
 	// Drop the references to workers, so a removed one can be collected.
 	clear(active[:cap(active)])

@@ -33,14 +33,24 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 		return err
 	}
 	xw, _ := t.workers.Load(w)
+	others := t.otherTiers(w)
 	var parent uint64 // the root
 	if d.HasParent {
 		ok := false
 		if xw != nil {
 			parent, ok = xw.eng.get(d.ParentHash)
 		}
+		// A block stored in one tier may hang under one held in another:
+		// the worker's other holders are written by this goroutine too, so
+		// the parent stays held while the store runs.
+		for _, o := range others {
+			if !ok && o != nil {
+				parent, ok = o.eng.get(d.ParentHash)
+			}
+		}
 		if !ok {
-			return fmt.Errorf("%w: worker %v, parent %#x", ErrParentNotFound, w, d.ParentHash)
+			rw, _ := tierHolderOf(w)
+			return fmt.Errorf("%w: worker %v, parent %#x", ErrParentNotFound, rw, d.ParentHash)
 		}
 	}
 	if len(d.Blocks) == 0 {
@@ -59,9 +69,31 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 		l.unname(loc)
 	}
 	l.release()
-	t.stores.Put(s)
 	t.addSize(xw, joined-l.left) // once per event, not per block
+	t.moved(others, d.Blocks, s.locs)
+	t.stores.Put(s)
 	return nil
+}
+
+// moved makes the other tiers' holders leave the event's engine hashes
+// that name other blocks there: a hash stored under another path names a
+// new block, in the new tier only (as Tree). It runs after the store, so
+// the path stored is held and never trimmed.
+func (t *CompressedTree) moved(others [kvevent.NumTiers - 1]*xworker, blocks []kvevent.StoredBlock, locs []uint64) {
+	for _, o := range others {
+		if o == nil {
+			continue
+		}
+		var gone []uint64
+		for i, b := range blocks {
+			if loc, ok := o.eng.get(b.BlockHash); ok && loc != locs[i] {
+				gone = append(gone, b.BlockHash)
+			}
+		}
+		if len(gone) > 0 {
+			_ = t.remove(o.worker, gone) // all held: no error
+		}
+	}
 }
 
 // name enters the event's engine hashes in the worker's table (pass 2 of

@@ -135,8 +135,8 @@ type TierScores struct {
 // and a parent is found whatever tier it is held in. FindMatches counts the
 // device tier only (the seed's rule), its tree sizes the device's blocks;
 // FindTierMatches reports every tier. Size counts (worker, block, tier)
-// memberships. Dump yields a Stored per tier held. Tree and ConcurrentTree
-// implement it.
+// memberships. Dump yields a Stored per tier held. Every index of this
+// package implements it.
 //
 // Shared tiers: SetGroup declares a holder (a node's host cache, a pool's
 // remote store: a worker id of its own) as serving members; the blocks the
@@ -153,6 +153,7 @@ type TierIndex interface {
 var (
 	_ TierIndex = (*Tree)(nil)
 	_ TierIndex = (*ConcurrentTree)(nil)
+	_ TierIndex = (*CompressedTree)(nil)
 )
 
 // Index is the contract every prefix index implements.

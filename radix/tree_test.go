@@ -78,6 +78,21 @@ func TestConcurrentTreeTiers(t *testing.T) {
 	radixtest.RunTiers(t, func() radix.TierIndex { return radix.NewConcurrentTree() })
 }
 
+func TestCompressedTreeTiers(t *testing.T) {
+	radixtest.RunTiers(t, func() radix.TierIndex { return radix.NewCompressedTree() })
+	t.Run("colliding", func(t *testing.T) {
+		radixtest.RunTiers(t, func() radix.TierIndex { return radix.NewCompressedTreeColliding() })
+	})
+}
+
+// FuzzCompressedTreeTiers is FuzzTreeTiers for the compressed tree.
+func FuzzCompressedTreeTiers(f *testing.F) {
+	fuzzTiers(f, func() radix.TierIndex { return radix.NewCompressedTree() }, func(idx radix.TierIndex) error {
+		_, err := radix.CompressedInvariants(idx.(*radix.CompressedTree))
+		return err
+	})
+}
+
 func TestConcurrentTreeConformance(t *testing.T) {
 	radixtest.Run(t, func() radix.Index { return radix.NewConcurrentTree() })
 }
