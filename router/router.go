@@ -137,8 +137,8 @@ type Router struct {
 
 // New returns a router with its own indexer: the single-threaded one for
 // IndexerLanes 1, else a pool of that many lanes over the compressed index;
-// in KVTiers mode ones that keep every tier (the single-threaded one, or a
-// pool over the concurrent index). Invalid configuration is an error.
+// in KVTiers mode the same, keeping every tier. Invalid configuration is
+// an error.
 func New(mode Mode, cfg Config, numWorkers int) (*Router, error) {
 	if cfg.IndexerLanes < 1 {
 		return nil, fmt.Errorf("router: %d indexer lanes, want >= 1", cfg.IndexerLanes)

@@ -75,13 +75,21 @@ func NewPoolOver(lanes, blockSize int, idx radix.ConcurrentIndex) *Pool {
 	return p
 }
 
-// NewPoolTiers starts a pool over a radix.ConcurrentTree keeping every
-// tier: events of the host, disk and external tiers are indexed too, and
-// FindTierMatches reports each worker's cumulative prefix per tier.
+// NewPoolTiers is NewPool keeping every tier: events of the host, disk
+// and external tiers are indexed too, and FindTierMatches reports each
+// worker's cumulative prefix per tier.
 func NewPoolTiers(lanes, blockSize int) *Pool {
-	t := radix.NewConcurrentTree()
-	p := NewPoolOver(lanes, blockSize, t)
-	p.tiers = t
+	return NewPoolTiersOver(lanes, blockSize, radix.NewCompressedTree())
+}
+
+// NewPoolTiersOver is NewPoolOver keeping every tier, over an index that
+// keeps them.
+func NewPoolTiersOver(lanes, blockSize int, idx interface {
+	radix.ConcurrentIndex
+	radix.TierIndex
+}) *Pool {
+	p := NewPoolOver(lanes, blockSize, idx)
+	p.tiers = idx
 	return p
 }
 

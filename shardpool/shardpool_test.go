@@ -407,6 +407,9 @@ func TestTiers(t *testing.T) {
 	for name, newIdx := range map[string]func() shardpool.TierIndexer{
 		"single": func() shardpool.TierIndexer { return shardpool.NewSingleTiers(4) },
 		"pool":   func() shardpool.TierIndexer { return shardpool.NewPoolTiers(2, 4) },
+		"pool/concurrent": func() shardpool.TierIndexer {
+			return shardpool.NewPoolTiersOver(2, 4, radix.NewConcurrentTree())
+		},
 	} {
 		t.Run(name, func(t *testing.T) { testTiers(t, newIdx()) })
 	}
