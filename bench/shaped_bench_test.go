@@ -188,3 +188,45 @@ func BenchmarkSharedPrefix(b *testing.B) {
 type appender interface {
 	AppendMatches(dst []radix.Match, local []uint64, earlyExit bool) []radix.Match
 }
+
+// BenchmarkTiers is the trace-shaped workload with a second tier: every
+// request stored on the device (B/pair: the index's heap per device pair),
+// then again on the host (B/host-pair: what each host pair adds); ns/op is
+// one FindTierMatches of a request against the whole index.
+func BenchmarkTiers(b *testing.B) {
+	reqs, _ := shapedWorkload(b)
+	for _, im := range []struct {
+		name string
+		new  func() radix.TierIndex
+	}{
+		{"concurrent", func() radix.TierIndex { return radix.NewConcurrentTree() }},
+		{"compressed", func() radix.TierIndex { return radix.NewCompressedTree() }},
+	} {
+		b.Run("impl="+im.name, func(b *testing.B) {
+			idx, perPair := buildShaped(b, func() radix.Index { return im.new() }, reqs)
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			device := idx.Size()
+			for i := range reqs {
+				ev := reqs[i].store
+				ev.Tier = kvevent.TierHostPinned
+				if err := idx.Apply(ev); err != nil {
+					b.Fatal(err)
+				}
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			perHost := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(idx.Size()-device)
+			ti := idx.(radix.TierIndex)
+			i := 0
+			for b.Loop() {
+				ti.FindTierMatches(reqs[i].local)
+				i = (i + shapedStride) % len(reqs)
+			}
+			b.ReportMetric(perPair, "B/pair")
+			b.ReportMetric(perHost, "B/host-pair")
+			runtime.KeepAlive(idx)
+		})
+	}
+}
