@@ -1,6 +1,7 @@
 package radix
 
 import (
+	mathbits "math/bits"
 	"sync/atomic"
 	"unsafe"
 
@@ -100,7 +101,9 @@ func (t *CompressedTree) SetGroup(holder kvevent.Worker, members []kvevent.Worke
 // holds is the writers' (its bitset, under the run's lock; readers see only
 // its cut), so this walk locks each run of the path in turn while it reads
 // them: a tier query waits for the writers of those runs, as they wait for
-// it, where FindMatches waits for nobody.
+// it, where FindMatches waits for nobody. In each run, a worker's prefix in
+// tier t grows by the leading positions the union of its holders' bitsets
+// (its own in t and nearer tiers, its groups') covers.
 func (t *CompressedTree) FindTierMatches(local []uint64) TierScores {
 	t.ready()
 	g := t.groups.Load()
@@ -109,14 +112,8 @@ func (t *CompressedTree) FindTierMatches(local []uint64) TierScores {
 	if len(local) > 0 {
 		r = t.child(nil, 0, local[0])
 	}
-	at := map[kvevent.Worker]kvevent.TierSet{}
-	tiersOf := func(w kvevent.Worker) kvevent.TierSet {
-		s := at[w]
-		for _, hd := range g.holdersOf(w) {
-			s |= at[hd]
-		}
-		return s
-	}
+	byWorker := map[kvevent.Worker][]*holder{} // a run's holders, by their worker
+	var union []uint64
 	for depth := 0; r != nil && depth < len(local); {
 		r.mu.Lock()
 		if r.dead {
@@ -124,28 +121,39 @@ func (t *CompressedTree) FindTierMatches(local []uint64) TierScores {
 			break
 		}
 		m := commonPrefix(local[depth:], r.view())
+		clear(byWorker)
 		hs := r.holderArray()
-		growing := m > 0
-		for off := range m {
-			clear(at)
-			for i := range hs {
-				if hs[i].has(uint32(off)) {
-					w, tier := tierHolderOf(hs[i].w.worker)
-					at[w] |= tier.Set()
-				}
-			}
-			if depth+off == 0 {
-				for w := range at {
-					tw.start(w, g)
-					for _, mb := range g.membersOf(w) {
-						tw.start(mb, g)
+		for i := range hs {
+			w, _ := tierHolderOf(hs[i].w.worker)
+			byWorker[w] = append(byWorker[w], &hs[i])
+		}
+		if depth == 0 && m > 0 {
+			for w, hh := range byWorker {
+				for _, h := range hh {
+					if h.has(0) {
+						tw.start(w, g)
+						for _, mb := range g.membersOf(w) {
+							tw.start(mb, g)
+						}
 					}
 				}
 			}
-			if growing = tw.block(depth+off, tiersOf); !growing {
-				break
-			}
 		}
+		growing := m > 0 && tw.run(depth, m, func(w kvevent.Worker, tier int) uint32 {
+			union = union[:0]
+			add := func(hh []*holder) {
+				for _, h := range hh {
+					if _, ht := tierHolderOf(h.w.worker); int(ht) <= tier {
+						union = orInto(union, h.bits)
+					}
+				}
+			}
+			add(byWorker[w])
+			for _, hd := range g.holdersOf(w) {
+				add(byWorker[hd])
+			}
+			return leadingOnes(union, uint32(m))
+		})
 		r.mu.Unlock()
 		depth += m
 		if !growing || depth == len(local) {
@@ -162,6 +170,33 @@ func (t *CompressedTree) FindTierMatches(local []uint64) TierScores {
 		}
 	}
 	return res
+}
+
+// orInto ORs src into dst, growing it.
+func orInto(dst, src []uint64) []uint64 {
+	for len(dst) < len(src) {
+		dst = append(dst, 0)
+	}
+	for i, w := range src {
+		dst[i] |= w
+	}
+	return dst
+}
+
+// leadingOnes counts the leading set bits of a bitset, at most m.
+func leadingOnes(b []uint64, m uint32) uint32 {
+	n := uint32(0)
+	for _, w := range b {
+		if w != ^uint64(0) {
+			n += uint32(mathbits.TrailingZeros64(^w))
+			return min(n, m)
+		}
+		n += 64
+		if n >= m {
+			return m
+		}
+	}
+	return min(n, m)
 }
 
 // Match is one worker's result of matching a request.

@@ -135,6 +135,33 @@ func (tw *tierWalk) block(i int, tiersOf func(kvevent.Worker) kvevent.TierSet) b
 	return len(keep) > 0
 }
 
+// run records m blocks from block depth at once: covered(w, t) gives how
+// many of them, from the first, w holds in tier t or a nearer one (a run
+// of the compressed tree). It reports whether any prefix still grows.
+func (tw *tierWalk) run(depth, m int, covered func(w kvevent.Worker, tier int) uint32) bool {
+	keep := tw.alive[:0]
+	for _, w := range tw.alive {
+		sc := tw.res.Scores[w]
+		l := tw.near[w]
+		for ; l < kvevent.NumTiers; l++ {
+			c := int(covered(w, l))
+			if c == m {
+				break // this tier and the farther ones hold the whole run
+			}
+			sc[l] = uint32(depth + c)
+		}
+		tw.res.Scores[w], tw.near[w] = sc, l
+		if l < kvevent.NumTiers {
+			keep = append(keep, w)
+		}
+	}
+	tw.alive = keep
+	if len(keep) > 0 {
+		tw.depth = depth + m
+	}
+	return len(keep) > 0
+}
+
 // finish scores the workers still growing at the walk's end.
 func (tw *tierWalk) finish() TierScores {
 	for _, w := range tw.alive {
