@@ -62,15 +62,20 @@ func TestConcurrentStructure(t *testing.T) {
 // TestDifferential applies the same random streams to the baseline and each
 // concurrent index and compares their answers to random queries after each
 // step, and their whole states through Dump.
+//
+// With tiers, the streams' events come in every tier and the tier scores
+// are compared too; early exit is compared on device streams only (it
+// gives lower bounds, and the other tiers' holders may walk further).
 func TestDifferential(t *testing.T) {
 	for _, im := range concurrentImpls {
-		t.Run(im.name, func(t *testing.T) { differential(t, im.new) })
+		t.Run(im.name, func(t *testing.T) { differential(t, im.new, false) })
+		t.Run(im.name+"/tiers", func(t *testing.T) { differential(t, im.new, true) })
 	}
 }
 
-func differential(t *testing.T, newIndex func() radix.ConcurrentIndex) {
+func differential(t *testing.T, newIndex func() radix.ConcurrentIndex, tiers bool) {
 	for seed := range uint64(30) {
-		g := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, 3)), Model: radixtest.NewModel()}
+		g := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, 3)), Model: radixtest.NewModel(), Tiers: tiers}
 		base, conc := radix.NewTree(), newIndex()
 		r := rand.New(rand.NewPCG(seed, 4))
 		for step := range 300 {
@@ -93,9 +98,18 @@ func differential(t *testing.T, newIndex func() radix.ConcurrentIndex) {
 					q[i] = uint64(1 + r.IntN(3))
 				}
 				for _, early := range []bool{false, true} {
+					if early && tiers {
+						continue
+					}
 					a, b := base.FindMatches(q, early), conc.FindMatches(q, early)
 					if !maps.Equal(a.Scores, b.Scores) || !maps.Equal(a.TreeSizes, b.TreeSizes) {
 						t.Fatalf("seed %d step %d query %v early %v: %v/%v vs %v/%v", seed, step, q, early, a.Scores, a.TreeSizes, b.Scores, b.TreeSizes)
+					}
+				}
+				if ti, ok := conc.(radix.TierIndex); ok && tiers {
+					a, b := base.FindTierMatches(q), ti.FindTierMatches(q)
+					if !maps.Equal(a.Scores, b.Scores) || !maps.Equal(a.TreeSizes, b.TreeSizes) {
+						t.Fatalf("seed %d step %d query %v: tier scores %v/%v vs %v/%v", seed, step, q, a.Scores, a.TreeSizes, b.Scores, b.TreeSizes)
 					}
 				}
 			}
@@ -121,11 +135,14 @@ func differential(t *testing.T, newIndex func() radix.ConcurrentIndex) {
 // own model.
 func TestConcurrentReadersAndWriters(t *testing.T) {
 	for _, im := range concurrentImpls {
-		t.Run(im.name, func(t *testing.T) { readersAndWriters(t, im) })
+		t.Run(im.name, func(t *testing.T) { readersAndWriters(t, im, false) })
+		t.Run(im.name+"/tiers", func(t *testing.T) { readersAndWriters(t, im, true) })
 	}
 }
 
-func readersAndWriters(t *testing.T, im concurrentImpl) {
+// With tiers, two events in five go to the host or disk tier, and the
+// readers' tier queries are held to the same bound, cumulative.
+func readersAndWriters(t *testing.T, im concurrentImpl, tiers bool) {
 	const writers, readers, steps = 4, 4, 2000
 	tree := im.new()
 	models := make([]*radixtest.Model, writers)
@@ -142,6 +159,9 @@ func readersAndWriters(t *testing.T, im concurrentImpl) {
 			for s := range steps {
 				w := kvevent.Worker{ID: kvevent.WorkerID(i), DPRank: kvevent.DPRank(r.IntN(2))}
 				ev := kvevent.RouterEvent{WorkerID: w.ID, Event: kvevent.Event{ID: uint64(s), DPRank: w.DPRank}}
+				if tiers {
+					ev.Tier = [...]kvevent.Tier{0, 0, 0, 1, 2}[r.IntN(5)]
+				}
 				switch c := r.IntN(10); {
 				case c < 6:
 					var blocks []kvevent.StoredBlock
@@ -185,6 +205,18 @@ func readersAndWriters(t *testing.T, im concurrentImpl) {
 					if int(s) > 2+int(w.ID) || s == 0 {
 						t.Errorf("worker %v scored %d on %v", w, s, q)
 						return
+					}
+				}
+				ti, ok := tree.(radix.TierIndex)
+				if !tiers || !ok {
+					continue
+				}
+				for w, sc := range ti.FindTierMatches(q).Scores {
+					for l := range sc {
+						if int(sc[l]) > 2+int(w.ID) || (l > 0 && sc[l] < sc[l-1]) || w.DPRank > 1 {
+							t.Errorf("worker %v tier scores %v on %v", w, sc, q)
+							return
+						}
 					}
 				}
 			}
