@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvradix/kvradix/cluster"
 	"github.com/kvradix/kvradix/internal/leaks"
+	"github.com/kvradix/kvradix/internal/testwait"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/radix/radixtest"
@@ -275,7 +276,7 @@ func TestRetentionGap(t *testing.T) {
 		r, fresh, err = bus.Join(ctx, func() shardpool.Indexer { return shardpool.NewPool(1, 16) }, 20*time.Second)
 		joined <- err
 	}()
-	waitUntil(t, "Join to meet the gap", func() bool { return bus.RetentionGaps() >= 2 })
+	testwait.For(t, "Join to meet the gap", func() bool { return bus.RetentionGaps() >= 2 })
 	a.SnapshotEvery(sctx, poolA.Index(), 20*time.Millisecond, func(err error) { t.Error(err) })
 	if err := <-joined; err != nil {
 		t.Fatal(err)
@@ -320,7 +321,7 @@ func TestSharedLoad(t *testing.T) {
 	a, shA := newReplica()
 	b, shB := newReplica()
 	defer shB.Close()
-	waitUntil(t, "the replicas to hear each other", func() bool { return shA.Replicas() == 1 && shB.Replicas() == 1 })
+	testwait.For(t, "the replicas to hear each other", func() bool { return shA.Replicas() == 1 && shB.Replicas() == 1 })
 	tokens := func(start uint32) []uint32 {
 		out := make([]uint32, 64)
 		for i := range out {
@@ -334,7 +335,7 @@ func TestSharedLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "b to count a's request", func() bool { return b.Stats().Active == 1 })
+	testwait.For(t, "b to count a's request", func() bool { return b.Stats().Active == 1 })
 	y := uuid.New()
 	if got, err := b.SelectWorkerRank(ctx, router.Request{UUID: y, Tokens: tokens(5000)}); err != nil || got == w {
 		t.Fatalf("b sent an equal request to %v (%v), where a's request runs", got, err)
@@ -342,21 +343,12 @@ func TestSharedLoad(t *testing.T) {
 	if _, err := shA.OnComplete(x); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "a's completion to reach b", func() bool { return b.Stats().Active == 1 }) // y is b's own
-	waitUntil(t, "b's admission to reach a", func() bool { return a.Stats().Active == 1 })
+	testwait.For(t, "a's completion to reach b", func() bool { return b.Stats().Active == 1 }) // y is b's own
+	testwait.For(t, "b's admission to reach a", func() bool { return a.Stats().Active == 1 })
 	// b goes silent: a drops b's load after the timeout.
 	shB.Close()
-	waitUntil(t, "a to drop the silent replica's load", func() bool { return a.Stats().Active == 0 && shA.Replicas() == 0 })
+	testwait.For(t, "a to drop the silent replica's load", func() bool { return a.Stats().Active == 0 && shA.Replicas() == 0 })
 	shA.Close()
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 // The embedded server admits only its token: a local client with the bare
@@ -453,7 +445,7 @@ func TestForgedLoadChangesNothing(t *testing.T) {
 	if err := forger.Publish("kv.load", []byte("{garbage")); err != nil { // 1
 		t.Fatal(err)
 	}
-	waitUntil(t, "the forgeries to be counted", func() bool { return sh.Dropped() >= 42 })
+	testwait.For(t, "the forgeries to be counted", func() bool { return sh.Dropped() >= 42 })
 	if got := r.Stats().Active; got != 10 {
 		t.Fatalf("%d requests active after the forgeries, want the victim's 10", got)
 	}

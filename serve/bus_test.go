@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvradix/kvradix/cluster"
+	"github.com/kvradix/kvradix/internal/testwait"
 	"github.com/kvradix/kvradix/serve"
 )
 
@@ -64,6 +65,6 @@ func TestBusReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, url := range []string{tsA.URL, tsB.URL, tsC.URL} {
-		waitFor(t, "every replica to drop the unregistered engine", func() bool { return len(dumpHoldings(t, url)) == 0 })
+		testwait.For(t, "every replica to drop the unregistered engine", func() bool { return len(dumpHoldings(t, url)) == 0 })
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/ingest/vllm"
 	"github.com/kvradix/kvradix/internal/leaks"
+	"github.com/kvradix/kvradix/internal/testwait"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix/holdings"
 	"github.com/kvradix/kvradix/serve"
@@ -76,15 +77,6 @@ func tokens(n int, start uint32) []uint32 {
 	return out
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 // An engine (the project's vLLM-compatible publisher) is registered over
 // HTTP; its events reach the model's index; queries by tokens and by hash
 // score it in tokens; /workers and /dump show it; 1,000 concurrent clients
@@ -108,7 +100,7 @@ func TestServiceEndToEnd(t *testing.T) {
 	prompt := tokens(3*bs+5, 100) // three complete blocks
 	stored := vllm.Event{Type: vllm.BlockStored, BlockHashes: []uint64{11, 12, 13}, TokenIDs: prompt[:3*bs], BlockSize: bs, Medium: "GPU"}
 	var got serve.Scores
-	waitFor(t, "the engine's blocks to be indexed", func() bool {
+	testwait.For(t, "the engine's blocks to be indexed", func() bool {
 		if _, err := pub.Publish([]vllm.Event{stored}); err != nil {
 			t.Fatal(err)
 		}
@@ -198,7 +190,7 @@ func TestServiceEndToEnd(t *testing.T) {
 	if code := post(t, ts.URL+"/unregister", serve.Unregistration{InstanceID: 7, ModelName: "m"}, nil); code != http.StatusOK {
 		t.Fatalf("unregister: %d", code)
 	}
-	waitFor(t, "the instance's blocks to leave", func() bool {
+	testwait.For(t, "the instance's blocks to leave", func() bool {
 		var after serve.Scores
 		post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: "m"}, &after)
 		return len(after.Scores) == 0
@@ -339,7 +331,7 @@ func (e *engine) publish(t *testing.T, n int) {
 // missed.
 func (e *engine) caughtUp(t *testing.T, url, what string) {
 	t.Helper()
-	waitFor(t, what, func() bool {
+	testwait.For(t, what, func() bool {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		e.pub.Publish(nil)
@@ -384,7 +376,7 @@ func TestSaveWhileServing(t *testing.T) {
 			}
 		}
 	})
-	waitFor(t, "periodic saves while the engine publishes", func() bool {
+	testwait.For(t, "periodic saves while the engine publishes", func() bool {
 		return metric(t, ts.URL, `kvradix_state_saves_total{result="ok"}`) >= 3
 	})
 	copyState(t, dir, crashed) // what a crash now would leave
@@ -404,7 +396,7 @@ func TestSaveWhileServing(t *testing.T) {
 // newer save removed one meanwhile.
 func copyState(t *testing.T, from, to string) {
 	t.Helper()
-	waitFor(t, "a whole generation of the state to copy", func() bool {
+	testwait.For(t, "a whole generation of the state to copy", func() bool {
 		data, err := os.ReadFile(filepath.Join(from, "state.json"))
 		if err != nil {
 			t.Fatal(err)
@@ -472,7 +464,7 @@ func TestRoute(t *testing.T) {
 	}
 	prompt := tokens(3*bs+2, 500)
 	stored := vllm.Event{Type: vllm.BlockStored, BlockHashes: []uint64{21, 22, 23}, TokenIDs: prompt[:3*bs], BlockSize: bs, Medium: "GPU"}
-	waitFor(t, "instance 2 to hold the prompt", func() bool {
+	testwait.For(t, "instance 2 to hold the prompt", func() bool {
 		pubs[1].Publish([]vllm.Event{stored})
 		var got serve.Scores
 		post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: "m"}, &got)
@@ -523,7 +515,7 @@ func TestRoute(t *testing.T) {
 			t.Errorf("%s: %d %v, want %d", tc.name, code, e, tc.code)
 		}
 	}
-	waitFor(t, "request x to expire", func() bool {
+	testwait.For(t, "request x to expire", func() bool {
 		return post(t, ts.URL+"/requests/x/first_token", []byte("{}"), nil) == http.StatusNotFound
 	})
 }

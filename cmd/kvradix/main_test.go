@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvradix/kvradix/ingest/vllm"
 	"github.com/kvradix/kvradix/internal/leaks"
+	"github.com/kvradix/kvradix/internal/testwait"
 )
 
 func TestMain(m *testing.M) {
@@ -119,23 +120,14 @@ func TestServeOnEmbeddedNATS(t *testing.T) {
 		return got.Scores["3"]["0"] == 16
 	}
 	base, stop := startServe(t, "-nats", "embedded", "-state", dir, "-workers", "3="+pub.Addr(), "-model-name", "m")
-	waitUntil(t, "the engine's block indexed through the bus", func() bool { return held(base, true) })
+	testwait.For(t, "the engine's block indexed through the bus", func() bool { return held(base, true) })
 	stop()
 	if _, err := os.Stat(dir + "/nats/auth-token"); err != nil {
 		t.Fatalf("the embedded server's directory: %v", err)
 	}
 	base, stop = startServe(t, "-nats", "embedded", "-state", dir)
 	defer stop()
-	waitUntil(t, "the restarted service to serve the block from the bus", func() bool { return held(base, false) })
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
+	testwait.For(t, "the restarted service to serve the block from the bus", func() bool { return held(base, false) })
 }
 
 func TestServeBadFlags(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
 
+	"github.com/kvradix/kvradix/internal/testwait"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/radix/holdings"
@@ -90,15 +91,6 @@ func newTestSubscriber(t *testing.T, cfg SubscriberConfig, eps ...Endpoint) (*Su
 	return sub, idx, err
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 // A peer whose frame header claims 2^62 bytes, after the handshake, is
 // refused before any allocation: the connection drops, the frame is
 // counted, the process lives, and the subscriber closes cleanly.
@@ -115,7 +107,7 @@ func TestOversizedFrameIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the oversized frame to be refused", func() bool { return sub.Stats().FramesRefused >= 1 })
+	testwait.For(t, "the oversized frame to be refused", func() bool { return sub.Stats().FramesRefused >= 1 })
 	if err := sub.Close(); err != nil && !strings.Contains(err.Error(), "closed") {
 		t.Logf("close: %v", err)
 	}
@@ -181,7 +173,7 @@ func TestSilentPeersDoNotHang(t *testing.T) {
 		pub.DropLive = nil
 		pub.Publish(nil)
 	}
-	waitFor(t, "the gap", func() bool { return sub.Stats().GapsFound > 0 })
+	testwait.For(t, "the gap", func() bool { return sub.Stats().GapsFound > 0 })
 	start = time.Now()
 	sub.Close()
 	if took := time.Since(start); took > 3*time.Second {
@@ -266,7 +258,7 @@ func TestPublisherComesBack(t *testing.T) {
 	e.pub.Close()
 	// The engine restarts: same ports, sequence from 0, nothing cached.
 	var p *Publisher
-	waitFor(t, "the ports to be free again", func() bool {
+	testwait.For(t, "the ports to be free again", func() bool {
 		var err error
 		p, err = NewPublisher(PublisherConfig{Endpoint: "tcp://" + live, ReplayEndpoint: "tcp://" + replay, Topic: "kv@e@m"})
 		return err == nil
@@ -275,7 +267,7 @@ func TestPublisherComesBack(t *testing.T) {
 	e.pub = p
 	e.gen.Restart()
 	_ = want.Apply(kvevent.RouterEvent{WorkerID: 1, Event: kvevent.Event{Data: kvevent.Cleared{}}})
-	waitFor(t, "the subscriber to reconnect", func() bool {
+	testwait.For(t, "the subscriber to reconnect", func() bool {
 		if _, err := p.Publish(nil); err != nil {
 			t.Fatal(err)
 		}
@@ -333,7 +325,7 @@ func TestQueueIsBoundedInBytes(t *testing.T) {
 	}
 	// The flood is 14 times the bound: the queue fills to within a message
 	// of it, then holds there while the index stalls.
-	waitFor(t, "the queue to fill to its bound", func() bool { return queued() >= limit-64<<10 })
+	testwait.For(t, "the queue to fill to its bound", func() bool { return queued() >= limit-64<<10 })
 	peak := 0
 	for range 100 {
 		peak = max(peak, queued())
@@ -431,7 +423,7 @@ func TestSilentReplayPeerCostsReplayIdle(t *testing.T) {
 	pub.DropLive = nil
 	pub.Publish(nil)
 	// Within waitFor's 10 s, where the handshake timeout is a minute.
-	waitFor(t, "the gap to be given up", func() bool { return sub.Stats().GapsLost > 0 })
+	testwait.For(t, "the gap to be given up", func() bool { return sub.Stats().GapsLost > 0 })
 }
 
 // stallTransport dials TCP and, after the first stallAfter bytes read (the
@@ -519,7 +511,7 @@ func TestSlowSubscriberIsCut(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the healthy subscriber to receive every batch", func() bool { return sub.Received()[0] >= last })
+	testwait.For(t, "the healthy subscriber to receive every batch", func() bool { return sub.Received()[0] >= last })
 	if pub.SlowSubscribers() == 0 {
 		t.Fatal("the stalled subscriber was not cut")
 	}
@@ -560,7 +552,7 @@ func TestHostileConnectionsAreBounded(t *testing.T) {
 			io.Copy(io.Discard, c)
 		})
 	}
-	waitFor(t, "every hostile connection to be turned away or its frame refused", func() bool {
+	testwait.For(t, "every hostile connection to be turned away or its frame refused", func() bool {
 		st := sub.Stats()
 		return st.FramesRefused+st.ConnsRefused >= 16
 	})
@@ -595,7 +587,7 @@ func TestResumeAt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the resumed subscriber to repair", func() bool {
+		testwait.For(t, "the resumed subscriber to repair", func() bool {
 			pub.Publish(nil)
 			return sub.Stats().GapsRepaired+sub.Stats().GapsLost > 0
 		})
@@ -611,7 +603,7 @@ func TestResumeAt(t *testing.T) {
 // the gap their sequence numbers open), so that later publishes reach it.
 func waitSubscribed(t *testing.T, pub *Publisher, sub *Subscriber) {
 	t.Helper()
-	waitFor(t, "the subscription", func() bool {
+	testwait.For(t, "the subscription", func() bool {
 		pub.Publish(nil)
 		return sub.Received()[0] > 0 || sub.Stats().GapsFound > 0
 	})
@@ -680,12 +672,12 @@ func TestPublisherComesBackLate(t *testing.T) {
 	e.pub.Close()
 	time.Sleep(time.Second) // away for five handshake timeouts: the scenario, not a wait
 	var p *Publisher
-	waitFor(t, "the ports to be free again", func() bool {
+	testwait.For(t, "the ports to be free again", func() bool {
 		p, err = NewPublisher(PublisherConfig{Endpoint: "tcp://" + live, ReplayEndpoint: "tcp://" + replay, Topic: "kv@e@m"})
 		return err == nil
 	})
 	defer p.Close()
-	waitFor(t, "the subscriber to reconnect", func() bool {
+	testwait.For(t, "the subscriber to reconnect", func() bool {
 		if _, err := p.Publish(nil); err != nil {
 			t.Fatal(err)
 		}
