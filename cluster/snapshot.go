@@ -118,11 +118,14 @@ func decodeSnapshot(data []byte) (snapHeader, []byte, error) {
 	return h, body, nil
 }
 
-// appendSnapEvent appends ev in the snapshot's binary event form.
+// appendSnapEvent appends ev in the snapshot's binary event form. The kind
+// byte's high nibble is the event's tier (0, the device's, in every
+// snapshot before tiers were kept: those read the same).
 func appendSnapEvent(b []byte, ev kvevent.RouterEvent) []byte {
+	tier := byte(ev.Tier) << 4
 	switch d := ev.Event.Data.(type) {
 	case kvevent.Stored:
-		b = append(b, 1)
+		b = append(b, 1|tier)
 		b = binary.BigEndian.AppendUint64(b, uint64(ev.WorkerID))
 		b = binary.BigEndian.AppendUint32(b, uint32(ev.Event.DPRank))
 		if d.HasParent {
@@ -137,7 +140,7 @@ func appendSnapEvent(b []byte, ev kvevent.RouterEvent) []byte {
 			b = binary.BigEndian.AppendUint64(b, blk.TokensHash)
 		}
 	case kvevent.Removed:
-		b = append(b, 2)
+		b = append(b, 2|tier)
 		b = binary.BigEndian.AppendUint64(b, uint64(ev.WorkerID))
 		b = binary.BigEndian.AppendUint32(b, uint32(ev.Event.DPRank))
 		b = binary.BigEndian.AppendUint32(b, uint32(len(d.BlockHashes)))
@@ -156,7 +159,11 @@ func readSnapEvent(b []byte) (kvevent.RouterEvent, []byte, error) {
 	if len(b) < 13 {
 		return ev, nil, errShortSnapshot
 	}
-	kind := b[0]
+	kind, tier := b[0]&0xf, kvevent.Tier(b[0]>>4)
+	if tier >= kvevent.NumTiers {
+		return ev, nil, fmt.Errorf("unknown tier %d", tier)
+	}
+	ev.Tier = tier
 	ev.WorkerID = kvevent.WorkerID(binary.BigEndian.Uint64(b[1:]))
 	ev.Event.DPRank = kvevent.DPRank(binary.BigEndian.Uint32(b[9:]))
 	b = b[13:]

@@ -22,6 +22,8 @@ func TestSnapEventCodec(t *testing.T) {
 			Blocks: []kvevent.StoredBlock{{BlockHash: 1, TokensHash: 2}, {BlockHash: 3, TokensHash: 4}}}}},
 		{WorkerID: 1, Event: kvevent.Event{Data: kvevent.Stored{Blocks: []kvevent.StoredBlock{{BlockHash: 5, TokensHash: 6}}}}},
 		{WorkerID: 7, Event: kvevent.Event{DPRank: 2, Data: kvevent.Removed{BlockHashes: []uint64{1, 3}}}},
+		{WorkerID: 3, Tier: kvevent.TierHostPinned, Event: kvevent.Event{Data: kvevent.Stored{Blocks: []kvevent.StoredBlock{{BlockHash: 8, TokensHash: 9}}}}},
+		{WorkerID: 3, Tier: kvevent.TierExternal, Event: kvevent.Event{Data: kvevent.Removed{BlockHashes: []uint64{8}}}},
 	}
 	var b []byte
 	for _, ev := range evs {
@@ -47,8 +49,10 @@ func TestSnapEventCodec(t *testing.T) {
 			}
 		}
 	}
-	if _, _, err := readSnapEvent([]byte{9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}); err == nil {
-		t.Fatal("an unknown kind decoded")
+	for _, kind := range []byte{9, 0x41} { // an unknown kind; a tier past the last
+		if _, _, err := readSnapEvent([]byte{kind, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}); err == nil {
+			t.Fatalf("kind byte %#x decoded", kind)
+		}
 	}
 }
 
