@@ -23,20 +23,35 @@ func TestAppendScores(t *testing.T) {
 			wk := kvevent.Worker{ID: kvevent.WorkerID(r.IntN(6)), DPRank: kvevent.DPRank(r.IntN(3))}
 			res.Scores[wk], res.TreeSizes[wk] = uint32(1+r.IntN(9)), r.IntN(1000)
 		}
+		var tiers radix.TierScores
+		if trial%2 == 1 { // a tier-keeping index's answer
+			tiers.Scores = map[kvevent.Worker][kvevent.NumTiers]uint32{}
+			for range r.IntN(6) {
+				wk := kvevent.Worker{ID: kvevent.WorkerID(r.IntN(6)), DPRank: kvevent.DPRank(r.IntN(3))}
+				var sc [kvevent.NumTiers]uint32
+				for l := range sc {
+					sc[l] = uint32(r.IntN(3))
+					if l > 0 {
+						sc[l] += sc[l-1]
+					}
+				}
+				tiers.Scores[wk] = sc
+			}
+		}
 		bs := 1 + r.IntN(32)
-		a.appendScores(res, bs)
+		a.appendScores(res, tiers, bs)
 		var got Scores
 		if err := json.Unmarshal(a.b, &got); err != nil {
 			t.Fatalf("%s: %v", a.b, err)
 		}
-		if want := plainScores(res, bs); !reflect.DeepEqual(got, want) {
+		if want := plainScores(res, tiers, bs); !reflect.DeepEqual(got, want) {
 			t.Fatalf("wrote %s\nwant %+v", a.b, want)
 		}
 	}
 }
 
 // plainScores is the answer built with maps: the reference.
-func plainScores(res radix.OverlapScores, blockSize int) Scores {
+func plainScores(res radix.OverlapScores, tiers radix.TierScores, blockSize int) Scores {
 	out := Scores{Scores: map[string]map[string]uint64{}, TreeSizes: map[string]map[string]int{}, Frequencies: []int{}}
 	for wk, n := range res.Scores {
 		id, rank := fmt.Sprint(uint64(wk.ID)), fmt.Sprint(wk.DPRank)
@@ -52,6 +67,19 @@ func plainScores(res radix.OverlapScores, blockSize int) Scores {
 			out.Frequencies[i]++
 		}
 	}
+	if tiers.Scores != nil {
+		out.TierScores = map[string]map[string]map[string]uint64{}
+		for wk, sc := range tiers.Scores {
+			id, rank := fmt.Sprint(uint64(wk.ID)), fmt.Sprint(wk.DPRank)
+			if out.TierScores[id] == nil {
+				out.TierScores[id] = map[string]map[string]uint64{}
+			}
+			out.TierScores[id][rank] = map[string]uint64{}
+			for l, n := range sc {
+				out.TierScores[id][rank][kvevent.Tier(l).String()] = uint64(n) * uint64(blockSize)
+			}
+		}
+	}
 	return out
 }
 
@@ -64,6 +92,6 @@ func BenchmarkAppendScores(b *testing.B) {
 	a := new(answerBuf)
 	b.ReportAllocs()
 	for b.Loop() {
-		a.appendScores(res, 16)
+		a.appendScores(res, radix.TierScores{}, 16)
 	}
 }

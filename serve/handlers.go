@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -15,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 )
@@ -131,6 +134,10 @@ type Scores struct {
 	Scores      map[string]map[string]uint64 `json:"scores"` // instance -> rank -> matched tokens
 	Frequencies []int                        `json:"frequencies"`
 	TreeSizes   map[string]map[string]int    `json:"tree_sizes"` // instance -> rank -> blocks held
+	// TierScores, with Config.Tiers, is instance -> rank -> tier (device,
+	// host_pinned, disk, external) -> the tokens matched in that tier or a
+	// nearer one (device <= host_pinned <= disk <= external).
+	TierScores map[string]map[string]map[string]uint64 `json:"tier_scores,omitempty"`
 }
 
 func (s *Service) query(w http.ResponseWriter, r *http.Request) {
@@ -138,9 +145,14 @@ func (s *Service) query(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &q) {
 		return
 	}
-	s.answer(w, "query", "token_ids", len(q.TokenIDs), q.ModelName, q.TenantID, func(idx *index) (radix.OverlapScores, int, error) {
+	s.answer(w, "query", "token_ids", len(q.TokenIDs), q.ModelName, q.TenantID, func(idx *index) ([]uint64, radix.OverlapScores, int, error) {
+		if idx.tiers { // the tier lookup needs the hashes too
+			local := hashing.LocalHashes(nil, q.TokenIDs, idx.blockSize, hashing.Options{LoRAName: q.LoRAName})
+			res, err := idx.pool.FindMatches(local)
+			return local, res, len(local), err
+		}
 		res, err := idx.pool.FindMatchesForRequest(q.TokenIDs, q.LoRAName)
-		return res, len(q.TokenIDs) / idx.blockSize, err
+		return nil, res, len(q.TokenIDs) / idx.blockSize, err
 	})
 }
 
@@ -149,16 +161,16 @@ func (s *Service) queryByHash(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &q) {
 		return
 	}
-	s.answer(w, "query_by_hash", "block_hashes", len(q.BlockHashes), q.ModelName, q.TenantID, func(idx *index) (radix.OverlapScores, int, error) {
+	s.answer(w, "query_by_hash", "block_hashes", len(q.BlockHashes), q.ModelName, q.TenantID, func(idx *index) ([]uint64, radix.OverlapScores, int, error) {
 		res, err := idx.pool.FindMatches(q.BlockHashes)
-		return res, len(q.BlockHashes), err
+		return q.BlockHashes, res, len(q.BlockHashes), err
 	})
 }
 
 // answer serves one query: field's n items within MaxTokens, the model's
-// index, match (its overlap and the blocks asked about), the metrics, the
-// reply in tokens.
-func (s *Service) answer(w http.ResponseWriter, endpoint, field string, n int, model, tenant string, match func(*index) (radix.OverlapScores, int, error)) {
+// index, match (the local hashes, their overlap and the blocks asked
+// about), with tiers the tier scores, the metrics, the reply in tokens.
+func (s *Service) answer(w http.ResponseWriter, endpoint, field string, n int, model, tenant string, match func(*index) ([]uint64, radix.OverlapScores, int, error)) {
 	if n > s.cfg.MaxTokens {
 		fail(w, http.StatusBadRequest, fmt.Errorf("%s: %d, at most %d", field, n, s.cfg.MaxTokens))
 		return
@@ -169,14 +181,18 @@ func (s *Service) answer(w http.ResponseWriter, endpoint, field string, n int, m
 		return
 	}
 	start := time.Now()
-	res, blocks, err := match(idx)
+	local, res, blocks, err := match(idx)
+	var tiers radix.TierScores
+	if err == nil && idx.tiers {
+		tiers, err = idx.pool.FindTierMatches(local)
+	}
 	if err != nil {
 		fail(w, http.StatusServiceUnavailable, err)
 		return
 	}
 	s.metrics.observeQuery(endpoint, model, tenant, start, blocks, res)
 	a := answerBufs.Get().(*answerBuf)
-	a.appendScores(res, idx.blockSize)
+	a.appendScores(res, tiers, idx.blockSize)
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(a.b)
 	answerBufs.Put(a)
@@ -196,14 +212,8 @@ var answerBufs = sync.Pool{New: func() any { return new(answerBuf) }}
 // a.b: scores in tokens per instance and rank, frequencies[i] the workers
 // holding the request's block i, tree sizes in blocks. Instances and
 // ranks come in numeric order.
-func (a *answerBuf) appendScores(res radix.OverlapScores, blockSize int) {
-	ws := a.workers[:0]
-	for wk := range res.Scores {
-		ws = append(ws, wk)
-	}
-	slices.SortFunc(ws, func(x, y kvevent.Worker) int {
-		return cmp.Or(cmp.Compare(x.ID, y.ID), cmp.Compare(x.DPRank, y.DPRank))
-	})
+func (a *answerBuf) appendScores(res radix.OverlapScores, tiers radix.TierScores, blockSize int) {
+	ws := sortedWorkers(a.workers[:0], maps.Keys(res.Scores))
 	b := append(a.b[:0], `{"scores":`...)
 	b = appendByInstance(b, ws, func(b []byte, wk kvevent.Worker) []byte {
 		return strconv.AppendUint(b, uint64(res.Scores[wk])*uint64(blockSize), 10)
@@ -232,7 +242,33 @@ func (a *answerBuf) appendScores(res radix.OverlapScores, blockSize int) {
 	b = appendByInstance(b, ws, func(b []byte, wk kvevent.Worker) []byte {
 		return strconv.AppendInt(b, int64(res.TreeSizes[wk]), 10)
 	})
+	if tiers.Scores != nil {
+		ws = sortedWorkers(ws[:0], maps.Keys(tiers.Scores))
+		b = append(b, `,"tier_scores":`...)
+		b = appendByInstance(b, ws, func(b []byte, wk kvevent.Worker) []byte {
+			for i, n := range tiers.Scores[wk] {
+				if i == 0 {
+					b = append(b, '{')
+				} else {
+					b = append(b, ',')
+				}
+				b = strconv.AppendQuote(b, kvevent.Tier(i).String())
+				b = append(b, ':')
+				b = strconv.AppendUint(b, uint64(n)*uint64(blockSize), 10)
+			}
+			return append(b, '}')
+		})
+	}
 	a.b, a.workers, a.counts = append(b, "}\n"...), ws, counts
+}
+
+// sortedWorkers appends the workers to dst, by instance and rank.
+func sortedWorkers(dst []kvevent.Worker, ws iter.Seq[kvevent.Worker]) []kvevent.Worker {
+	dst = slices.AppendSeq(dst, ws)
+	slices.SortFunc(dst, func(x, y kvevent.Worker) int {
+		return cmp.Or(cmp.Compare(x.ID, y.ID), cmp.Compare(x.DPRank, y.DPRank))
+	})
+	return dst
 }
 
 // appendByInstance appends {"<instance>": {"<rank>": val, ...}, ...} for

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/router"
 )
 
@@ -123,14 +124,14 @@ func (m *modelRouter) scheduler(ws []kvevent.Worker, blockSize int) (*router.Sch
 // admit schedules a request and records it in flight; it returns the
 // chosen worker and every candidate's terms (m.mu holds the scheduler
 // still between weighing them and deciding).
-func (m *modelRouter) admit(ws []kvevent.Worker, blockSize int, id string, isl int, local []uint64, overlaps map[kvevent.Worker]uint32, ttl time.Duration) (kvevent.Worker, []Candidate, error) {
+func (m *modelRouter) admit(ws []kvevent.Worker, blockSize int, id string, isl int, local []uint64, overlaps map[kvevent.Worker]uint32, tiers map[kvevent.Worker][kvevent.NumTiers]uint32, ttl time.Duration) (kvevent.Worker, []Candidate, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sched, err := m.scheduler(ws, blockSize)
 	if err != nil {
 		return kvevent.Worker{}, nil, err
 	}
-	req := router.SchedRequest{ID: uuid.New(), ISL: isl, Blocks: hashing.SequenceHashes(nil, local), Overlaps: overlaps}
+	req := router.SchedRequest{ID: uuid.New(), ISL: isl, Blocks: hashing.SequenceHashes(nil, local), Overlaps: overlaps, TierOverlaps: tiers}
 	loads := sched.PotentialLoads(req)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -188,6 +189,10 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 		local, isl = hashing.LocalHashes(nil, q.TokenIDs, idx.blockSize, hashing.Options{}), len(q.TokenIDs)
 	}
 	scores, err := idx.pool.FindMatches(local)
+	var tiers radix.TierScores
+	if err == nil && idx.tiers {
+		tiers, err = idx.pool.FindTierMatches(local)
+	}
 	if err != nil {
 		fail(w, http.StatusServiceUnavailable, err)
 		return
@@ -212,7 +217,7 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 	}
 	s.routes[q.RequestID] = m
 	s.mu.Unlock()
-	wk, cands, err := m.admit(ws, idx.blockSize, q.RequestID, isl, local, scores.Scores, s.cfg.RequestTTL)
+	wk, cands, err := m.admit(ws, idx.blockSize, q.RequestID, isl, local, scores.Scores, tiers.Scores, s.cfg.RequestTTL)
 	if err != nil {
 		s.mu.Lock()
 		delete(s.routes, q.RequestID)

@@ -71,6 +71,12 @@ type Config struct {
 	// Subscriber configures every engine's subscriber (its BlockSize is the
 	// model's).
 	Subscriber vllm.SubscriberConfig
+	// Tiers keeps every tier (shardpool.NewPoolTiers): events of the host,
+	// disk and external tiers are indexed, queries answer tier_scores
+	// beside the device's scores, and /route weighs each cached block by
+	// its tier (router.DefaultTierWeights). Without it, other tiers'
+	// events are counted and dropped (the seed's rule).
+	Tiers bool
 }
 
 func (c *Config) defaults() {
@@ -111,6 +117,7 @@ type instanceKey struct {
 type index struct {
 	pool      *shardpool.Pool
 	blockSize int
+	tiers     bool // the pool keeps every tier
 	router    *modelRouter
 	// sink takes the engines' events: the pool, or on a bus (NewOnBus)
 	// the model's stream, which replica follows into the pool.
@@ -341,17 +348,20 @@ func (s *Service) createIndex(k modelKey, blockSize int) (*index, error) {
 		defer cancel()
 		return s.bus.join(ctx, k, blockSize)
 	}
-	return newIndex(s.cfg.Lanes, blockSize), nil
+	return indexOver(newPool(s.cfg.Lanes, blockSize, s.cfg.Tiers), blockSize), nil
 }
 
-// newIndex returns an empty index with its router.
-func newIndex(lanes, blockSize int) *index {
-	return indexOver(shardpool.NewPool(lanes, blockSize), blockSize)
+// newPool returns an empty pool, keeping every tier or the device's.
+func newPool(lanes, blockSize int, tiers bool) *shardpool.Pool {
+	if tiers {
+		return shardpool.NewPoolTiers(lanes, blockSize)
+	}
+	return shardpool.NewPool(lanes, blockSize)
 }
 
 // indexOver returns the index of pool, with its router.
 func indexOver(pool *shardpool.Pool, blockSize int) *index {
-	return &index{pool: pool, sink: pool, blockSize: blockSize, router: &modelRouter{reqs: map[string]*routed{}}}
+	return &index{pool: pool, sink: pool, blockSize: blockSize, tiers: pool.KeepsTiers(), router: &modelRouter{reqs: map[string]*routed{}}}
 }
 
 // Close stops every subscriber and, with Config.StateDir, saves the state

@@ -519,3 +519,72 @@ func TestRoute(t *testing.T) {
 		return post(t, ts.URL+"/requests/x/first_token", []byte("{}"), nil) == http.StatusNotFound
 	})
 }
+
+// With Config.Tiers: an engine's offload (its tail stored on the CPU, then
+// removed from the GPU) shows in tier_scores, not in the device scores; a
+// route goes to the instance holding the prompt on the host rather than
+// to one holding less of it on the device; a restart keeps the tiers.
+func TestTiers(t *testing.T) {
+	dir := t.TempDir()
+	start := func() (*serve.Service, *httptest.Server) {
+		svc := serve.New(serve.Config{Tiers: true, StateDir: dir})
+		if _, err := svc.Recover(); err != nil {
+			t.Fatal(err)
+		}
+		return svc, httptest.NewServer(svc.Handler())
+	}
+	svc, ts := start()
+	prompt := tokens(4*bs, 900)
+	local := hashing.LocalHashes(nil, prompt, bs, hashing.Options{})
+	var pubs []*vllm.Publisher
+	for id := range uint64(2) {
+		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pub.Close()
+		pubs = append(pubs, pub)
+		if err := svc.Register(serve.Registration{InstanceID: id + 1, Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr(), ModelName: "m", BlockSize: bs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p1 := uint64(31)
+	offload := [][]vllm.Event{ // instance 1: 4 blocks on the GPU, the last 3 moved to the CPU
+		{{Type: vllm.BlockStored, BlockHashes: []uint64{31, 32, 33, 34}, TokenIDs: prompt, BlockSize: bs, Medium: "GPU"}},
+		{{Type: vllm.BlockStored, BlockHashes: []uint64{32, 33, 34}, ParentBlockHash: &p1, TokenIDs: prompt[bs:], BlockSize: bs, Medium: "CPU"},
+			{Type: vllm.BlockRemoved, BlockHashes: []uint64{32, 33, 34}, Medium: "GPU"}},
+	}
+	device := [][]vllm.Event{ // instance 2: the first 2 blocks on the GPU
+		{{Type: vllm.BlockStored, BlockHashes: []uint64{41, 42}, TokenIDs: prompt[:2*bs], BlockSize: bs, Medium: "GPU"}},
+	}
+	want := map[string]map[string]uint64{"1": {"device": bs, "host_pinned": 4 * bs, "disk": 4 * bs, "external": 4 * bs},
+		"2": {"device": 2 * bs, "host_pinned": 2 * bs, "disk": 2 * bs, "external": 2 * bs}}
+	var got serve.Scores
+	testwait.For(t, "both instances' blocks in their tiers", func() bool {
+		for i, batches := range [][][]vllm.Event{offload, device} {
+			for _, b := range batches {
+				pubs[i].Publish(b)
+			}
+		}
+		post(t, ts.URL+"/query_by_hash", serve.HashQuery{BlockHashes: local, ModelName: "m"}, &got)
+		return reflect.DeepEqual(got.TierScores["1"]["0"], want["1"]) && reflect.DeepEqual(got.TierScores["2"]["0"], want["2"])
+	})
+	if got.Scores["1"]["0"] != bs || got.Scores["2"]["0"] != 2*bs {
+		t.Fatalf("device scores %v, want instance 1 at %d and 2 at %d", got.Scores, bs, 2*bs)
+	}
+	var a serve.RouteAnswer
+	if code := post(t, ts.URL+"/route", serve.RouteRequest{BlockHashes: local, ModelName: "m"}, &a); code != http.StatusOK || a.InstanceID != 1 {
+		t.Fatalf("route: %d %+v, want instance 1 (3.4 blocks' prefill saved against 2)", code, a)
+	}
+	ts.Close()
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	svc, ts = start()
+	defer svc.Close()
+	defer ts.Close()
+	post(t, ts.URL+"/query_by_hash", serve.HashQuery{BlockHashes: local, ModelName: "m"}, &got)
+	if !reflect.DeepEqual(got.TierScores["1"]["0"], want["1"]) {
+		t.Fatalf("after a restart: tier scores %v, want instance 1 at %v", got.TierScores, want["1"])
+	}
+}

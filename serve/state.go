@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/kvradix/kvradix/cluster"
-	"github.com/kvradix/kvradix/shardpool"
 )
 
 // The state directory (Config.StateDir) holds stateFile, the registry and
@@ -129,7 +128,7 @@ func (s *Service) loadIndex(si savedIndex) (*index, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: state of %s:%s: %w", si.Model, si.Tenant, err)
 	}
-	pool := shardpool.NewPool(s.cfg.Lanes, si.BlockSize)
+	pool := newPool(s.cfg.Lanes, si.BlockSize, s.cfg.Tiers)
 	_, bs, err := cluster.DecodeSnapshot(data, pool.ApplyEvent)
 	if err == nil && bs != si.BlockSize {
 		err = fmt.Errorf("block size %d, the state says %d", bs, si.BlockSize)

@@ -52,6 +52,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	saveEvery := fs.Duration("save-every", time.Minute, "with -state, how often to save while serving (0: on shutdown only)")
 	natsURL := fs.String("nats", "", "follow a NATS JetStream bus, so that replicas serve the same indexes: its URL, or \"embedded\" to start one (in -state DIR/nats, or a temporary directory)")
 	natsCreds := fs.String("nats-creds", "", "a .creds file (JWT and nkey seed) for -nats")
+	tiers := fs.Bool("tiers", false, "keep every tier (host, disk, external): queries answer tier_scores, /route weighs blocks by tier (default: the device only)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -60,7 +61,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 		return fmt.Errorf("-workers: %w", err)
 	}
 	cfg := serve.Config{Lanes: *lanes, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl,
-		SaveEvery: *saveEvery, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
+		SaveEvery: *saveEvery, Tiers: *tiers, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
 	svc, stopBus, err := open(cfg, *natsURL, *natsCreds, stdout)
 	if err != nil {
 		return err
