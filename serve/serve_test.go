@@ -441,6 +441,25 @@ func metric(t *testing.T, url, sample string) float64 {
 	return 0
 }
 
+// registerPublishers registers n vLLM-compatible publishers with svc as
+// instances 1..n of model "m".
+func registerPublishers(t *testing.T, svc *serve.Service, n int) []*vllm.Publisher {
+	t.Helper()
+	var pubs []*vllm.Publisher
+	for id := range uint64(n) {
+		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pub.Close() })
+		pubs = append(pubs, pub)
+		if err := svc.Register(serve.Registration{InstanceID: id + 1, Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr(), ModelName: "m", BlockSize: bs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pubs
+}
+
 // POST /route sends a prompt to the instance holding its prefix and
 // admits it into that instance's load; first_token and complete release
 // it; a request id in flight cannot be reused; one never completed
@@ -450,18 +469,7 @@ func TestRoute(t *testing.T) {
 	defer svc.Close()
 	ts := httptest.NewServer(svc.Handler())
 	defer ts.Close()
-	var pubs []*vllm.Publisher
-	for id := range uint64(2) {
-		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pub.Close()
-		pubs = append(pubs, pub)
-		if err := svc.Register(serve.Registration{InstanceID: id + 1, Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr(), ModelName: "m", BlockSize: bs}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pubs := registerPublishers(t, svc, 2)
 	prompt := tokens(3*bs+2, 500)
 	stored := vllm.Event{Type: vllm.BlockStored, BlockHashes: []uint64{21, 22, 23}, TokenIDs: prompt[:3*bs], BlockSize: bs, Medium: "GPU"}
 	testwait.For(t, "instance 2 to hold the prompt", func() bool {
@@ -536,18 +544,7 @@ func TestTiers(t *testing.T) {
 	svc, ts := start()
 	prompt := tokens(4*bs, 900)
 	local := hashing.LocalHashes(nil, prompt, bs, hashing.Options{})
-	var pubs []*vllm.Publisher
-	for id := range uint64(2) {
-		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pub.Close()
-		pubs = append(pubs, pub)
-		if err := svc.Register(serve.Registration{InstanceID: id + 1, Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr(), ModelName: "m", BlockSize: bs}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pubs := registerPublishers(t, svc, 2)
 	p1 := uint64(31)
 	offload := [][]vllm.Event{ // instance 1: 4 blocks on the GPU, the last 3 moved to the CPU
 		{{Type: vllm.BlockStored, BlockHashes: []uint64{31, 32, 33, 34}, TokenIDs: prompt, BlockSize: bs, Medium: "GPU"}},
