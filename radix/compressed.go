@@ -131,6 +131,33 @@ type CompressedTree struct {
 	groupsMu sync.Mutex // serialises SetGroup
 	groups   atomic.Pointer[groups]
 	tiered   atomic.Bool // an event of a tier other than the device's came
+
+	// hook, nil but in tests, is called at the points a hookPoint names,
+	// where another goroutine's events may come between two steps of a
+	// reader or a removal: tests replay such schedules through it.
+	hook func(hookPoint)
+}
+
+// hookPoint names a place in the code where a test may interleave events.
+type hookPoint uint8
+
+const (
+	// hookScored: a lock-free reader has read a run's blocks and cuts and
+	// not yet looked up the run the request goes on in.
+	hookScored hookPoint = iota
+	// hookTierStep: a tier reader has unlocked a run and not yet locked
+	// the next.
+	hookTierStep
+	// hookSettled: a removal found nothing of a run needed and unlocked it,
+	// and has not yet taken its parent's lock to delete it.
+	hookSettled
+)
+
+// at calls the test hook, if any.
+func (t *CompressedTree) at(p hookPoint) {
+	if t.hook != nil {
+		t.hook(p)
+	}
 }
 
 // rootStripes is how many locks guard the creation and deletion of

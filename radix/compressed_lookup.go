@@ -2,6 +2,7 @@ package radix
 
 import (
 	mathbits "math/bits"
+	"slices"
 	"sync/atomic"
 	"unsafe"
 
@@ -154,12 +155,17 @@ func (t *CompressedTree) FindTierMatches(local []uint64) TierScores {
 			}
 			return leadingOnes(union, uint32(m))
 		})
-		r.mu.Unlock()
+		// The child is looked up under r's lock, where r's first m blocks
+		// are the ones just read. Once locked, a child still live hangs
+		// there still: a run is never trimmed below a child.
 		depth += m
-		if !growing || depth == len(local) {
-			break
+		var child *crun
+		if growing && depth < len(local) {
+			child = t.child(r, uint32(m-1), local[depth])
 		}
-		r = t.child(r, uint32(m-1), local[depth])
+		r.mu.Unlock()
+		t.at(hookTierStep)
+		r = child
 	}
 	res := tw.finish()
 	for w := range res.Scores {
@@ -233,7 +239,8 @@ func (t *CompressedTree) appendMatches(s *cmatchScratch, dst []Match, local []ui
 	for first := true; r != nil; first = false {
 		var m int
 		var score []uint32
-		m, active, score = scoreRun(r, local[depth:], first, active, s.score[:0])
+		var child *crun
+		m, child, active, score = t.scoreRun(r, local[depth:], first, active, s.score[:0])
 		s.score = score
 		next, stop := s.next[:0], false
 		if lead, runnerUp := leaders(score); earlyExit && lead >= 0 && score[lead] > runnerUp {
@@ -261,7 +268,7 @@ func (t *CompressedTree) appendMatches(s *cmatchScratch, dst []Match, local []ui
 		if stop || len(active) == 0 || depth == len(local) {
 			break
 		}
-		r = t.child(r, uint32(m-1), local[depth])
+		r = child
 	}
 	for _, d := range dropped {
 		if d.w.worker.DPRank < 1<<tierShift { // a holder of another tier is not the device's
@@ -281,15 +288,31 @@ func (t *CompressedTree) appendMatches(s *cmatchScratch, dst []Match, local []ui
 	return dst
 }
 
-// scoreRun compares the rest of a request with r's blocks and appends to
-// score each worker's blocks matched there: every holder with a cut, made
-// active, in the first run; each active worker after. It reads the blocks
-// and the cuts within one version of r: a trim in between (after which the
-// run may regrow with other blocks, and cuts count those) makes it read
-// them again.
-func scoreRun(r *crun, rest []uint64, first bool, active []*xworker, score []uint32) (int, []*xworker, []uint32) {
+// optimisticReads is how many times a reader reads a run without its lock
+// before it takes the lock to read it once: a reader racing a storm of
+// trims then waits for one writer, not for the storm to pass.
+const optimisticReads = 2
+
+// checkEvery is how many holders a reader reads between two looks at the
+// run's version, so that a read spoilt by a trim is given up early.
+const checkEvery = 512
+
+// scoreRun compares the rest of a request with r's blocks, appends to
+// score each worker's blocks matched there (every holder with a cut, made
+// active, in the first run; each active worker after), and returns the
+// blocks matched and the run the request goes on in (nil if none, or if no
+// worker holds the whole match). It reads all of it within one version of
+// r: the blocks, the cuts, and the child run hanging from the last block
+// matched. A trim in between (after which the run may regrow with other
+// blocks, cuts count those, and children hang from those) makes it read
+// them again; after optimisticReads tries, under r's lock.
+func (t *CompressedTree) scoreRun(r *crun, rest []uint64, first bool, active []*xworker, score []uint32) (int, *crun, []*xworker, []uint32) {
 	base := len(active)
-	for {
+	for try := 1; ; try++ {
+		locked := try > optimisticReads
+		if locked {
+			r.mu.Lock()
+		}
 		v := r.ver.Load()
 		m := commonPrefix(rest, r.view())
 		hs := r.holderArray()
@@ -300,12 +323,28 @@ func scoreRun(r *crun, rest []uint64, first bool, active []*xworker, score []uin
 					active = append(active, hs[i].w)
 					score = append(score, c)
 				}
+				// A run with many holders: give up a read the version
+				// has already spoilt.
+				if i%checkEvery == checkEvery-1 && !locked && r.ver.Load() != v {
+					break
+				}
 			}
 		} else {
 			score = cutsOf(score, active, hs, uint32(m))
 		}
+		if !locked {
+			t.at(hookScored)
+		}
+		var child *crun
+		if m > 0 && m < len(rest) && slices.Contains(score, uint32(m)) {
+			child = t.child(r, uint32(m-1), rest[m])
+		}
+		if locked {
+			r.mu.Unlock()
+			return m, child, active, score
+		}
 		if r.ver.Load() == v {
-			return m, active, score
+			return m, child, active, score
 		}
 	}
 }

@@ -148,6 +148,7 @@ func (t *CompressedTree) settle(r *crun) {
 		return
 	}
 	r.mu.Unlock()
+	t.at(hookSettled)
 	t.drop(r)
 }
 
@@ -176,7 +177,15 @@ func (t *CompressedTree) drop(r *crun) {
 		}
 		up.Lock()
 		r.mu.Lock()
-		if r.dead || r.extent() > 0 {
+		if r.dead {
+			r.mu.Unlock()
+			up.Unlock()
+			return
+		}
+		if e := r.extent(); e > 0 {
+			// A store entered r while it was unlocked: r stays, trimmed to
+			// what that store (and anyone else) needs of it.
+			r.trim(e)
 			r.mu.Unlock()
 			up.Unlock()
 			return

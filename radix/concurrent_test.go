@@ -63,6 +63,9 @@ func TestConcurrentStructure(t *testing.T) {
 // concurrent index and compares their answers to random queries after each
 // step, and their whole states through Dump.
 //
+// A reader races the writer all along (radixtest.RaceReader): no worker
+// may be scored for a prefix it never held.
+//
 // With tiers, the streams' events come in every tier and the tier scores
 // are compared too; early exit is compared on device streams only (it
 // gives lower bounds, and the other tiers' holders may walk further).
@@ -77,16 +80,19 @@ func differential(t *testing.T, newIndex func() radix.ConcurrentIndex, tiers boo
 	for seed := range uint64(30) {
 		g := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, 3)), Model: radixtest.NewModel(), Tiers: tiers}
 		base, conc := radix.NewTree(), newIndex()
+		ever := &radixtest.EverHeld{}
+		stopReader := radixtest.RaceReader(t, conc, ever, seed)
 		r := rand.New(rand.NewPCG(seed, 4))
 		for step := range 300 {
 			op := g.Next()
 			switch op.Kind {
 			case radixtest.OpEvent:
+				_ = ever.Apply(g.Model, op.Event)
 				e1, e2 := base.Apply(op.Event), conc.Apply(op.Event)
 				if (e1 == nil) != (e2 == nil) {
+					stopReader()
 					t.Fatalf("seed %d step %d: errors %v vs %v", seed, step, e1, e2)
 				}
-				_ = g.Model.Apply(op.Event)
 			case radixtest.OpRemoveWorker:
 				base.RemoveWorker(op.Worker)
 				conc.RemoveWorker(op.Worker)
@@ -117,6 +123,7 @@ func differential(t *testing.T, newIndex func() radix.ConcurrentIndex, tiers boo
 				t.Fatalf("seed %d step %d: sizes %d vs %d", seed, step, base.Size(), conc.Size())
 			}
 		}
+		stopReader()
 		m1, err1 := radixtest.FromDump(base)
 		m2, err2 := radixtest.FromDump(conc)
 		if err1 != nil || err2 != nil {

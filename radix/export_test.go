@@ -332,3 +332,18 @@ const (
 	WriterStripeSize = unsafe.Sizeof(writerStripe{})
 	PaddedMutexSize  = unsafe.Sizeof(paddedMutex{})
 )
+
+// Hook points of a CompressedTree (see SetCompressedHook).
+const (
+	HookScored   = hookScored
+	HookTierStep = hookTierStep
+	HookSettled  = hookSettled
+)
+
+// SetCompressedHook makes t call fn at each hook point, before any reader
+// or writer runs.
+func SetCompressedHook(t *CompressedTree, fn func(hookPoint)) { t.hook = fn }
+
+// HookPoint is a place where a test may interleave events (see
+// SetCompressedHook).
+type HookPoint = hookPoint

@@ -35,13 +35,15 @@ func FuzzConcurrentTreeTiers(f *testing.F) {
 }
 
 // fuzzTiers runs fuzz-chosen tiered streams against the model, checking
-// the index's structure after every step.
+// the index's structure after every step, with a reader racing them on a
+// concurrent index.
 func fuzzTiers(f *testing.F, newIndex func() radix.TierIndex, check func(radix.TierIndex) error) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		src := &radixtest.Bytes{B: b}
-		g := &radixtest.Gen{Src: src, Model: radixtest.NewModel(), Tiers: true}
+		g := &radixtest.Gen{Src: src, Model: radixtest.NewModel(), Tiers: true, Ever: &radixtest.EverHeld{}}
 		idx := newIndex()
+		defer radixtest.RaceReader(t, idx, g.Ever, uint64(len(b)))()
 		for !src.Exhausted() {
 			if !radixtest.Step(t, idx, g) {
 				return
@@ -113,14 +115,16 @@ func FuzzCompressedTree(f *testing.F) {
 }
 
 // fuzzIndex decodes each input into a command stream and checks the index
-// against the model after every command.
+// against the model after every command; a concurrent index has a reader
+// racing the stream (radixtest.RaceReader).
 func fuzzIndex(f *testing.F, newIndex func() radix.Index) {
 	f.Add([]byte{0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
 	f.Add([]byte{1, 1, 3, 0, 2, 2, 2, 1, 1, 10, 1, 0, 0, 0, 14, 0, 1})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		src := &radixtest.Bytes{B: data}
-		g := &radixtest.Gen{Src: src, Model: radixtest.NewModel()}
+		g := &radixtest.Gen{Src: src, Model: radixtest.NewModel(), Ever: &radixtest.EverHeld{}}
 		idx := newIndex()
+		defer radixtest.RaceReader(t, idx, g.Ever, uint64(len(data)))()
 		for !src.Exhausted() {
 			if !radixtest.Step(t, idx, g) {
 				return

@@ -65,8 +65,12 @@ type Gen struct {
 	// indexes that keep tiers (radix.TierIndex); without it every event is
 	// the device's and the streams are those of before.
 	Tiers bool
-	next  uint64
-	id    uint64
+	// Ever, if set, records every state of the model, each before the
+	// index is given the event that leads to it (Step), for readers that
+	// race the writer (RaceReader).
+	Ever *EverHeld
+	next uint64
+	id   uint64
 }
 
 // Next returns the next op; events are applied to g.Model by the caller.

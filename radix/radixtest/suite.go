@@ -333,8 +333,13 @@ func Step(t testing.TB, idx radix.Index, g *Gen) bool {
 	query := op.Query
 	switch op.Kind {
 	case OpEvent:
+		var merr error
+		if g.Ever != nil {
+			merr = g.Ever.Apply(g.Model, op.Event)
+		} else {
+			merr = g.Model.Apply(op.Event)
+		}
 		err := idx.Apply(op.Event)
-		merr := g.Model.Apply(op.Event)
 		if errors.Is(err, radix.ErrParentNotFound) != errors.Is(merr, radix.ErrParentNotFound) ||
 			errors.Is(err, radix.ErrBlockNotFound) != errors.Is(merr, radix.ErrBlockNotFound) {
 			t.Errorf("event %+v: index error %v, model error %v", op.Event, err, merr)

@@ -1,0 +1,264 @@
+package radix_test
+
+import (
+	"fmt"
+	"maps"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix"
+	"github.com/kvradix/kvradix/radix/radixtest"
+)
+
+// The tokens hashes of the trim-and-regrow schedule: worker W stores
+// [A,B], leaves B, and stores [A,Q,X]; worker W2 stores [A] and regrows the
+// shared run to [A,Q,Y] in between. No worker ever holds [A,B,X].
+const tokA, tokB, tokX, tokQ, tokY = 10, 11, 12, 13, 14
+
+var (
+	trimW  = kvevent.Worker{ID: 1}
+	trimW2 = kvevent.Worker{ID: 2}
+	// trimQuery is what a reader asks while the schedule runs.
+	trimQuery = []uint64{tokA, tokB, tokX}
+)
+
+// trimSetup: W holds [A,B] (engine 100, 101), W2 holds [A] (200): one run.
+func trimSetup(t testing.TB, idx radix.Index) {
+	for _, ev := range []kvevent.RouterEvent{
+		radixtest.Stored(trimW, -1, 100, tokA),
+		radixtest.Stored(trimW2, -1, 200, tokA),
+		radixtest.Stored(trimW, 100, 101, tokB),
+	} {
+		if err := idx.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// trimRegrow: W leaves B (the run is trimmed to [A]); W2 regrows it to
+// [A,Q,Y]; W stores [A,Q,X] (a child run [X] under Q).
+func trimRegrow(t testing.TB, idx radix.Index) {
+	for _, ev := range []kvevent.RouterEvent{
+		radixtest.Removed(trimW, 101),
+		radixtest.Stored(trimW2, 200, 201, tokQ, 202, tokY),
+		radixtest.Stored(trimW, 100, 102, tokQ, 103, tokX),
+	} {
+		if err := idx.Apply(ev); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// trimReaders are the ways to ask a CompressedTree for device scores.
+var trimReaders = []struct {
+	name  string
+	point func() any
+	ask   func(*radix.CompressedTree, []uint64) map[kvevent.Worker]uint32
+}{
+	{"FindMatches", func() any { return radix.HookScored }, func(c *radix.CompressedTree, q []uint64) map[kvevent.Worker]uint32 {
+		return c.FindMatches(q, false).Scores
+	}},
+	{"AppendMatches", func() any { return radix.HookScored }, func(c *radix.CompressedTree, q []uint64) map[kvevent.Worker]uint32 {
+		out := map[kvevent.Worker]uint32{}
+		for _, m := range c.AppendMatches(nil, q, false) {
+			out[m.Worker] = m.Score
+		}
+		return out
+	}},
+	{"FindTierMatches", func() any { return radix.HookTierStep }, func(c *radix.CompressedTree, q []uint64) map[kvevent.Worker]uint32 {
+		out := map[kvevent.Worker]uint32{}
+		for w, sc := range c.FindTierMatches(q).Scores {
+			if sc[kvevent.TierDevice] > 0 {
+				out[w] = sc[kvevent.TierDevice]
+			}
+		}
+		return out
+	}},
+}
+
+// TestCompressedReaderRacingTrim replays the schedule in which a reader
+// scored a worker for a path it never held: the reader scores the run [A,B]
+// and pauses; the run is trimmed to [A] and regrown as [A,Q,Y], and W
+// stores [A,Q,X]; the reader resumed, found the child run [X] under the
+// run's second position, and scored W 3 on [A,B,X]. Its answer must be the
+// index's before the events or after them.
+func TestCompressedReaderRacingTrim(t *testing.T) {
+	before := map[kvevent.Worker]uint32{trimW: 2, trimW2: 1}
+	after := map[kvevent.Worker]uint32{trimW: 1, trimW2: 1}
+	for _, rd := range trimReaders {
+		t.Run(rd.name, func(t *testing.T) {
+			c := radix.NewCompressedTree()
+			trimSetup(t, c)
+			fired := false
+			radix.SetCompressedHook(c, func(p radix.HookPoint) {
+				if any(p) == rd.point() && !fired {
+					fired = true
+					trimRegrow(t, c)
+				}
+			})
+			got := rd.ask(c, trimQuery)
+			if !fired {
+				t.Fatal("the hook never fired")
+			}
+			if !maps.Equal(got, before) && !maps.Equal(got, after) {
+				t.Fatalf("scores %v on %v: want %v (before) or %v (after)", got, trimQuery, before, after)
+			}
+			if got := rd.ask(c, trimQuery); !maps.Equal(got, after) {
+				t.Fatalf("after: scores %v, want %v", got, after)
+			}
+		})
+	}
+}
+
+// TestCompressedDropRacingStore replays the schedule in which a removal
+// left an unneeded tail: H holds [1,2,3]; W1 holds [1,2,7,8,9,10] (a run
+// [7,8,9,10] under [1,2]) and removes that run's blocks; between settle's
+// unlock and drop's relock, W2 stores [1,2,7,8]. The run must end trimmed
+// to the two blocks W2 holds.
+func TestCompressedDropRacingStore(t *testing.T) {
+	h, w1, w2 := kvevent.Worker{ID: 3}, kvevent.Worker{ID: 4}, kvevent.Worker{ID: 5}
+	c := radix.NewCompressedTree()
+	for _, ev := range []kvevent.RouterEvent{
+		radixtest.Stored(h, -1, 301, 1, 302, 2, 303, 3),
+		radixtest.Stored(w1, -1, 401, 1, 402, 2, 403, 7, 404, 8, 405, 9, 406, 10),
+	} {
+		if err := c.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fired := false
+	radix.SetCompressedHook(c, func(p radix.HookPoint) {
+		if p == radix.HookSettled && !fired {
+			fired = true
+			if err := c.Apply(radixtest.Stored(w2, -1, 501, 1, 502, 2, 503, 7, 504, 8)); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if err := c.Apply(radixtest.Removed(w1, 403, 404, 405, 406)); err != nil {
+		t.Fatal(err)
+	}
+	if !fired {
+		t.Fatal("the hook never fired")
+	}
+	if _, err := radix.CompressedInvariants(c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// trimStorm runs the trim-and-regrow schedule in a loop on one goroutine
+// (both workers' events, as one lane of a pool would) while readers ask
+// trimQuery by every means, until the deadline or the loop count, and
+// returns the wrong scores counted (W over 2, W2 over 1) and the queries.
+func trimStorm(t *testing.T, procs int, d time.Duration, loops int) (wrong, queries int64) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+	c := radix.NewCompressedTree()
+	var stop atomic.Bool
+	var wrongN, queryN atomic.Int64
+	var first atomic.Pointer[string]
+	var wg sync.WaitGroup
+	for i := range max(2, procs) {
+		rd := trimReaders[i%len(trimReaders)]
+		wg.Go(func() {
+			for !stop.Load() {
+				got := rd.ask(c, trimQuery)
+				queryN.Add(1)
+				if got[trimW] > 2 || got[trimW2] > 1 {
+					wrongN.Add(1)
+					msg := fmt.Sprintf("%s: scores %v on %v", rd.name, got, trimQuery)
+					first.CompareAndSwap(nil, &msg)
+				}
+			}
+		})
+	}
+	deadline := time.Now().Add(d)
+	for i := 0; i < loops && time.Now().Before(deadline); i++ {
+		trimSetup(t, c)
+		trimRegrow(t, c)
+		for _, w := range []kvevent.Worker{trimW, trimW2} {
+			if err := c.Apply(radixtest.Cleared(w)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	if m := first.Load(); m != nil {
+		t.Errorf("first wrong answer: %s", *m)
+	}
+	return wrongN.Load(), queryN.Load()
+}
+
+// TestCompressedTrimStorm is the statistical twin of
+// TestCompressedReaderRacingTrim: readers of every kind race the schedule
+// at GOMAXPROCS 2 and 32, and every wrong score is counted. Before the fix
+// it counted tens to thousands a second here.
+func TestCompressedTrimStorm(t *testing.T) {
+	for _, procs := range []int{2, 32} {
+		t.Run(fmt.Sprintf("procs=%d", procs), func(t *testing.T) {
+			wrong, queries := trimStorm(t, procs, 2*time.Second, 200_000)
+			t.Logf("%d wrong scores in %d queries", wrong, queries)
+			if wrong > 0 {
+				t.Fatalf("%d wrong scores in %d queries", wrong, queries)
+			}
+		})
+	}
+}
+
+// TestCompressedDropStorm is the statistical twin of
+// TestCompressedDropRacingStore: W1's removal of a run's blocks races W2's
+// store into the same run, each on a goroutine of its own, and after each
+// round the tree must keep no unneeded tail.
+func TestCompressedDropStorm(t *testing.T) {
+	h, w1, w2 := kvevent.Worker{ID: 3}, kvevent.Worker{ID: 4}, kvevent.Worker{ID: 5}
+	c := radix.NewCompressedTree()
+	if err := c.Apply(radixtest.Stored(h, -1, 301, 1, 302, 2, 303, 3)); err != nil {
+		t.Fatal(err)
+	}
+	bad := 0
+	var spin atomic.Int64
+	const rounds = 2000
+	for i := range rounds {
+		if err := c.Apply(radixtest.Stored(w1, -1, 401, 1, 402, 2, 403, 7, 404, 8, 405, 9, 406, 10)); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		wg.Go(func() {
+			<-start
+			if err := c.Apply(radixtest.Removed(w1, 403, 404, 405, 406)); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Go(func() {
+			<-start
+			// Sweep the store's start across the removal's window.
+			for range i % 64 * 8 {
+				spin.Add(1)
+			}
+			if err := c.Apply(radixtest.Stored(w2, -1, 501, 1, 502, 2, 503, 7, 504, 8)); err != nil {
+				t.Error(err)
+			}
+		})
+		close(start)
+		wg.Wait()
+		if _, err := radix.CompressedInvariants(c); err != nil {
+			if bad == 0 {
+				t.Errorf("round %d: %v", i, err)
+			}
+			bad++
+		}
+		for _, w := range []kvevent.Worker{w1, w2} {
+			if err := c.Apply(radixtest.Cleared(w)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d of %d rounds left an unneeded tail", bad, rounds)
+	}
+}
