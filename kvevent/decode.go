@@ -346,6 +346,9 @@ func (d *decoder) event(e *Event) error {
 				return nil
 			}
 			v, err := d.uint("dp_rank", 32)
+			if err == nil && v > uint64(MaxDPRank) {
+				err = &FieldError{Field: "dp_rank", Err: fmt.Errorf("%d past the highest, %d", v, MaxDPRank)}
+			}
 			e.DPRank = DPRank(v)
 			return err
 		case "data":

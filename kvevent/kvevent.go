@@ -19,6 +19,12 @@ type WorkerID uint64
 // DPRank is a data-parallel rank inside one worker.
 type DPRank uint32
 
+// MaxDPRank is the highest rank kvradix accepts, at every edge (event
+// decoders, the service's registration) and in every index: the indexes
+// keep tiers in a rank's top two bits. No engine runs anywhere near 2^30
+// data-parallel ranks.
+const MaxDPRank DPRank = 1<<30 - 1
+
 // Worker is one owner of a KV cache: ranks of one worker id hold separate
 // caches and are separate workers to the index.
 type Worker struct {
@@ -172,6 +178,18 @@ type RouterEvent struct {
 	WorkerID WorkerID
 	Tier     Tier
 	Event    Event
+}
+
+// Check reports what makes e unfit for any index: a rank past MaxDPRank,
+// or a tier past the last. Every index refuses such an event with it.
+func (e *RouterEvent) Check() error {
+	if e.Event.DPRank > MaxDPRank {
+		return fmt.Errorf("worker %d: dp_rank %d past the highest, %d", e.WorkerID, e.Event.DPRank, MaxDPRank)
+	}
+	if e.Tier >= NumTiers {
+		return fmt.Errorf("worker %v: tier %d past the last, %d", e.Worker(), e.Tier, NumTiers-1)
+	}
+	return nil
 }
 
 // Worker returns the cache owner the event applies to.

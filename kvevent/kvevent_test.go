@@ -87,6 +87,7 @@ func TestJSONErrorsNameTheField(t *testing.T) {
 		{"string as id", `{"worker_id":"1","event":{"event_id":1,"data":"cleared"}}`, "worker_id", "cannot use a string"},
 		{"fractional id", `{"worker_id":1.5,"event":{"event_id":1,"data":"cleared"}}`, "worker_id", "cannot use number 1.5"},
 		{"rank over u32", `{"worker_id":1,"event":{"event_id":1,"data":"cleared","dp_rank":4294967296}}`, "event.dp_rank", "uint32"},
+		{"rank past MaxDPRank", `{"worker_id":1,"event":{"event_id":1,"data":"cleared","dp_rank":1073741824}}`, "event.dp_rank", "past the highest"},
 		{"bad removed hash", `{"worker_id":1,"event":{"event_id":1,"data":{"removed":{"block_hashes":[1,-2]}}}}`, "event.data.removed.block_hashes[1]", "cannot use number -2"},
 		{"null worker", `{"worker_id":null,"event":{"event_id":1,"data":"cleared"}}`, "worker_id", "missing"},
 		{"invalid skipped value", `{"worker_id":1,"extra":[1,},"event":{"event_id":1,"data":"cleared"}}`, "", "invalid character"},

@@ -378,10 +378,10 @@ func (t *CompressedTree) ApplyBatch(evs []kvevent.RouterEvent, errs []error) {
 // apply applies one event; an event of a tier other than the device's goes
 // to the worker's holder for that tier (see tierHolder).
 func (t *CompressedTree) apply(ev kvevent.RouterEvent) error {
-	w := ev.Worker()
-	if err := checkRank(w); err != nil {
+	if err := checkEvent(&ev); err != nil {
 		return err
 	}
+	w := ev.Worker()
 	h := tierHolder(w, ev.Tier)
 	if ev.Tier != kvevent.TierDevice && !t.tiered.Load() {
 		t.tiered.Store(true)

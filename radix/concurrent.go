@@ -368,10 +368,10 @@ func (t *ConcurrentTree) ApplyBatch(evs []kvevent.RouterEvent, errs []error) {
 // (see tierHolder).
 func (t *ConcurrentTree) Apply(ev kvevent.RouterEvent) error {
 	t.ready()
-	w := ev.Worker()
-	if err := checkRank(w); err != nil {
+	if err := checkEvent(&ev); err != nil {
 		return err
 	}
+	w := ev.Worker()
 	h := tierHolder(w, ev.Tier)
 	if ev.Tier != kvevent.TierDevice && !t.tiered.Load() {
 		t.tiered.Store(true)

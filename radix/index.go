@@ -57,7 +57,9 @@ var (
 	// ErrBlockNotFound reports Removed hashes the worker does not hold; the
 	// rest of the event is applied.
 	ErrBlockNotFound = errors.New("block not found")
-	// ErrInvalidEvent rejects an event without data.
+	// ErrInvalidEvent rejects an event without data, or one whose rank or
+	// tier is out of range (kvevent.RouterEvent.Check): every index
+	// refuses the same events.
 	ErrInvalidEvent = errors.New("invalid event")
 	// ErrInvalidSequence rejects a Stored event in which a block's engine
 	// hash equals its parent's; nothing of the event is applied.
@@ -182,8 +184,9 @@ type Index interface {
 // tree sizes run from any number of goroutines while events are applied,
 // provided the events of one worker id (and its RemoveWorker) come from one
 // goroutine at a time. ConcurrentTree and CompressedTree implement it;
-// shardpool.Pool drives either. Dump must not run concurrently with
-// writers. The interface is sealed (Tree has the same methods but not the
+// shardpool.Pool drives either. Dump may run concurrently with writers
+// only where the implementation says so: CompressedTree's waits for the
+// writers in progress and holds new ones off; ConcurrentTree's must not. The interface is sealed (Tree has the same methods but not the
 // contract): every implementation lives here and runs the concurrent stress
 // test.
 type ConcurrentIndex interface {

@@ -11,9 +11,11 @@ import (
 // An index made of per-worker holders (ConcurrentTree) keeps tiers by
 // giving each (worker, non-device tier) a holder of its own: the worker
 // with the tier in the rank's top two bits. Device holders are the workers
-// themselves, so device streams are unchanged; ranks must stay below
-// 2^tierShift.
+// themselves, so device streams are unchanged; ranks stay below
+// 2^tierShift (kvevent.MaxDPRank, checked by every index's Apply).
 const tierShift = 30
+
+var _ = [1]struct{}{}[kvevent.MaxDPRank>>tierShift] // MaxDPRank < 2^tierShift
 
 // tierHolder returns the holder of w's blocks in tier t.
 func tierHolder(w kvevent.Worker, t kvevent.Tier) kvevent.Worker {
@@ -26,10 +28,12 @@ func tierHolderOf(h kvevent.Worker) (kvevent.Worker, kvevent.Tier) {
 	return kvevent.Worker{ID: h.ID, DPRank: h.DPRank & (1<<tierShift - 1)}, kvevent.Tier(h.DPRank >> tierShift)
 }
 
-// checkRank refuses a rank whose top bits would name another tier.
-func checkRank(w kvevent.Worker) error {
-	if w.DPRank >= 1<<tierShift {
-		return fmt.Errorf("%w: worker %v: rank at or past 2^%d", ErrInvalidEvent, w, tierShift)
+// checkEvent refuses, for every index alike, an event whose rank or tier
+// is out of range (kvevent.RouterEvent.Check): ranks at or past 2^30
+// would name another tier's holder here.
+func checkEvent(ev *kvevent.RouterEvent) error {
+	if err := ev.Check(); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidEvent, err)
 	}
 	return nil
 }

@@ -87,6 +87,9 @@ var _ Index = (*Tree)(nil)
 // Apply implements Index.
 func (t *Tree) Apply(ev kvevent.RouterEvent) error {
 	t.ready()
+	if err := checkEvent(&ev); err != nil {
+		return err
+	}
 	w := ev.Worker()
 	switch d := ev.Event.Data.(type) {
 	case kvevent.Stored:

@@ -126,8 +126,8 @@ func decodeBatchInto(out *Batch, b []byte) error {
 		} else {
 			var r int64
 			r, b, err = msgp.ReadInt64Bytes(b)
-			if err == nil && (r < 0 || r > math.MaxUint32) {
-				err = fmt.Errorf("%d out of range", r)
+			if err == nil && (r < 0 || r > int64(kvevent.MaxDPRank)) {
+				err = fmt.Errorf("%d out of range [0, %d]", r, kvevent.MaxDPRank)
 			}
 			rank := int(r)
 			out.DPRank = &rank

@@ -134,6 +134,7 @@ func TestDecodeErrorsSayWhere(t *testing.T) {
 		{"ts a string", "92 a161 90", -1, "ts"},
 		{"events not an array", "92 01 01", -1, "events"},
 		{"rank a string", "93 01 90 a161", -1, "data_parallel_rank"},
+		{"rank past kvevent.MaxDPRank", "93 01 90 ce40000000", -1, "data_parallel_rank"},
 		{"event not a container", "92 01 91 01", 0, "event"},
 		{"hash a string", "92 01 92 91 b0416c6c426c6f636b73436c6561726564 92 ac426c6f636b52656d6f766564 91 a161", 1, "block_hashes[0]"},
 		{"bin hash too long", "92 01 91 92 ac426c6f636b52656d6f766564 91 c421" + strings.Repeat("00", 33), 0, "block_hashes[0]"},

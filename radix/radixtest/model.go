@@ -92,6 +92,9 @@ func PathOf(local []uint64) string {
 
 // Apply applies an event with the semantics documented in package radix.
 func (m *Model) Apply(ev kvevent.RouterEvent) error {
+	if err := ev.Check(); err != nil {
+		return fmt.Errorf("%w: %v (model)", radix.ErrInvalidEvent, err)
+	}
 	w := ev.Worker()
 	mw := m.workers[w]
 	if mw == nil {

@@ -198,6 +198,18 @@ func Run(t *testing.T, newIndex func() radix.Index) {
 			wantSize: 1,
 		},
 		{
+			name: "rank or tier out of range",
+			steps: []step{
+				ev(Stored(kvevent.Worker{ID: 1, DPRank: kvevent.MaxDPRank + 1}, -1, 10, 1), radix.ErrInvalidEvent),
+				ev(Stored(kvevent.Worker{ID: 1, DPRank: ^kvevent.DPRank(0)}, -1, 10, 1), radix.ErrInvalidEvent),
+				ev(kvevent.RouterEvent{WorkerID: 1, Tier: kvevent.NumTiers, Event: kvevent.Event{Data: kvevent.Cleared{}}}, radix.ErrInvalidEvent),
+				ev(Stored(kvevent.Worker{ID: 1, DPRank: kvevent.MaxDPRank}, -1, 10, 1), nil),
+			},
+			query:    []uint64{1},
+			want:     Scores{{ID: 1, DPRank: kvevent.MaxDPRank}: 1},
+			wantSize: 1,
+		},
+		{
 			name:     "event without data",
 			steps:    []step{ev(kvevent.RouterEvent{WorkerID: 1}, radix.ErrInvalidEvent)},
 			query:    []uint64{1},
