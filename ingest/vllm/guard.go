@@ -17,7 +17,7 @@ import (
 // go-zeromq/zmq4 allocates a frame's body from the size its peer claims
 // (make([]byte, size), up to 2^63) and has no deadline on the handshake: a
 // peer can end the process with one header, or hang a dial forever. The
-// guard wraps the library's TCP transport: it reads the ZMTP stream as it
+// guard wraps the library's TCP and IPC transports: it reads the ZMTP stream as it
 // passes and refuses, before the library sees the whole header, a frame
 // larger than the limit; it puts a deadline on the handshake; and it can
 // close every connection it made, so that Close returns whatever the peers
@@ -64,11 +64,13 @@ const DefaultHandshakeTimeout = 5 * time.Second
 // frame larger than the limit; the connection is dropped.
 var ErrFrameTooLarge = errors.New("vllm: zmtp frame larger than the limit")
 
-// guard is one subscriber's transport: registered with zmq4 under a scheme
-// of its own, it wraps every connection dialled or accepted through it.
+// guard is one subscriber's transport: registered with zmq4 under schemes
+// of its own, one for TCP and one for IPC (unix sockets), it wraps every
+// connection dialled or accepted through it. A local peer is no more to be
+// trusted than a remote one: an ipc:// peer that never greets, or announces
+// a frame of 2^50 bytes, would hang or end the process just the same.
 type guard struct {
-	scheme     string
-	inner      transport.Transport
+	tcp, ipc   string // the schemes
 	limit      uint64
 	handshake  time.Duration
 	maxConns   int           // per listener
@@ -83,48 +85,62 @@ type guard struct {
 
 var guardSeq atomic.Uint64
 
-// newGuard registers a guard for TCP endpoints. (zmq4 keeps a transport for
-// the life of the process; a guard is a few words.)
+// newGuard registers a guard for TCP and IPC endpoints. (zmq4 keeps a
+// transport for the life of the process; a guard is a few words.)
 func newGuard(limit int, handshake time.Duration, maxConns int) (*guard, error) {
-	g := &guard{scheme: fmt.Sprintf("kvradix-tcp-%d", guardSeq.Add(1)), inner: transport.New("tcp"),
+	n := guardSeq.Add(1)
+	g := &guard{tcp: fmt.Sprintf("kvradix-tcp-%d", n), ipc: fmt.Sprintf("kvradix-ipc-%d", n),
 		limit: uint64(limit), handshake: handshake, maxConns: maxConns, conns: map[*guardConn]struct{}{}}
-	if err := zmq4.RegisterTransport(g.scheme, g); err != nil {
+	if err := zmq4.RegisterTransport(g.tcp, guardTransport{g, transport.New("tcp")}); err != nil {
+		return nil, err
+	}
+	if err := zmq4.RegisterTransport(g.ipc, guardTransport{g, transport.New("unix")}); err != nil {
 		return nil, err
 	}
 	return g, nil
 }
 
-// endpoint rewrites a tcp:// endpoint onto the guard; others pass as they
-// are (ipc and inproc peers are local processes of one's own).
+// endpoint rewrites a tcp:// or ipc:// endpoint onto the guard; others
+// (inproc://, within the process) pass as they are.
 func (g *guard) endpoint(ep string) string {
 	if rest, ok := strings.CutPrefix(ep, "tcp://"); ok {
-		return g.scheme + "://" + rest
+		return g.tcp + "://" + rest
+	}
+	if rest, ok := strings.CutPrefix(ep, "ipc://"); ok {
+		return g.ipc + "://" + rest
 	}
 	return ep
 }
 
+// guardTransport is one of the guard's schemes over the library's
+// transport for it.
+type guardTransport struct {
+	g     *guard
+	inner transport.Transport
+}
+
 // Dial implements transport.Transport.
-func (g *guard) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
-	c, err := g.inner.Dial(ctx, d, addr)
+func (t guardTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	c, err := t.inner.Dial(ctx, d, addr)
 	if err != nil {
 		return nil, err
 	}
-	return g.wrap(c)
+	return t.g.wrap(c)
 }
 
 // Listen implements transport.Transport. Each listener accepts at most
 // maxConns connections at a time; more are closed as they come and
 // counted.
-func (g *guard) Listen(ctx context.Context, addr string) (net.Listener, error) {
-	l, err := g.inner.Listen(ctx, addr)
+func (t guardTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	l, err := t.inner.Listen(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	return &guardListener{Listener: l, g: g}, nil
+	return &guardListener{Listener: l, g: t.g}, nil
 }
 
 // Addr implements transport.Transport.
-func (g *guard) Addr(ep string) (string, error) { return g.inner.Addr(ep) }
+func (t guardTransport) Addr(ep string) (string, error) { return t.inner.Addr(ep) }
 
 type guardListener struct {
 	net.Listener

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -23,8 +25,8 @@ import (
 	"github.com/kvradix/kvradix/shardpool"
 )
 
-// hostilePeer is a raw TCP listener standing in for an engine: it runs
-// behave on every connection it accepts.
+// hostilePeer is a raw TCP or unix-socket listener standing in for an
+// engine: it runs behave on every connection it accepts.
 type hostilePeer struct {
 	ln    net.Listener
 	wg    sync.WaitGroup
@@ -32,9 +34,25 @@ type hostilePeer struct {
 	conns []net.Conn
 }
 
-func newHostilePeer(t *testing.T, behave func(c net.Conn)) *hostilePeer {
+// transports are the ZeroMQ transports a peer can reach us by: tcp://,
+// and ipc:// (a local peer is no more trusted than a remote one).
+var transports = []string{"tcp", "ipc"}
+
+func newHostilePeer(t *testing.T, transport string, behave func(c net.Conn)) *hostilePeer {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	var ln net.Listener
+	var err error
+	if transport == "ipc" {
+		// Not t.TempDir: a unix socket's path must stay under ~100 bytes.
+		dir, derr := os.MkdirTemp("", "kvr")
+		if derr != nil {
+			t.Fatal(derr)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		ln, err = net.Listen("unix", filepath.Join(dir, "peer.sock"))
+	} else {
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +73,12 @@ func newHostilePeer(t *testing.T, behave func(c net.Conn)) *hostilePeer {
 	return p
 }
 
-func (p *hostilePeer) addr() string { return "tcp://" + p.ln.Addr().String() }
+func (p *hostilePeer) addr() string {
+	if p.ln.Addr().Network() == "unix" {
+		return "ipc://" + p.ln.Addr().String()
+	}
+	return "tcp://" + p.ln.Addr().String()
+}
 
 func (p *hostilePeer) close() {
 	p.ln.Close()
@@ -93,39 +116,48 @@ func newTestSubscriber(t *testing.T, cfg SubscriberConfig, eps ...Endpoint) (*Su
 
 // A peer whose frame header claims 2^62 bytes, after the handshake, is
 // refused before any allocation: the connection drops, the frame is
-// counted, the process lives, and the subscriber closes cleanly.
+// counted, the process lives, and the subscriber closes cleanly; over TCP
+// and over a unix socket alike.
 func TestOversizedFrameIsRefused(t *testing.T) {
-	peer := newHostilePeer(t, func(c net.Conn) {
-		if greet(c) != nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond) // let the subscriber's handshake finish
-		c.Write(longFrame(0, 1<<62))
-		io.Copy(io.Discard, c)
-	})
-	sub, _, err := newTestSubscriber(t, SubscriberConfig{}, Endpoint{Worker: 1, Address: peer.addr()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	testwait.For(t, "the oversized frame to be refused", func() bool { return sub.Stats().FramesRefused >= 1 })
-	if err := sub.Close(); err != nil && !strings.Contains(err.Error(), "closed") {
-		t.Logf("close: %v", err)
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			peer := newHostilePeer(t, tr, func(c net.Conn) {
+				if greet(c) != nil {
+					return
+				}
+				time.Sleep(50 * time.Millisecond) // let the subscriber's handshake finish
+				c.Write(longFrame(0, 1<<62))
+				io.Copy(io.Discard, c)
+			})
+			sub, _, err := newTestSubscriber(t, SubscriberConfig{}, Endpoint{Worker: 1, Address: peer.addr()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			testwait.For(t, "the oversized frame to be refused", func() bool { return sub.Stats().FramesRefused >= 1 })
+			if err := sub.Close(); err != nil && !strings.Contains(err.Error(), "closed") {
+				t.Logf("close: %v", err)
+			}
+		})
 	}
 }
 
 // The same claim inside the handshake (a command frame) fails the dial,
 // not the process.
 func TestOversizedHandshakeFrameIsRefused(t *testing.T) {
-	peer := newHostilePeer(t, func(c net.Conn) {
-		g := make([]byte, 64)
-		g[0], g[9], g[10] = 0xFF, 0x7F, 3
-		copy(g[12:], "NULL")
-		c.Write(append(g, longFrame(zCommand, 1<<62)...))
-		io.Copy(io.Discard, c)
-	})
-	_, _, err := newTestSubscriber(t, SubscriberConfig{HandshakeTimeout: time.Second}, Endpoint{Worker: 1, Address: peer.addr()})
-	if err == nil {
-		t.Fatal("a peer announcing a 2^62-byte READY was accepted")
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			peer := newHostilePeer(t, tr, func(c net.Conn) {
+				g := make([]byte, 64)
+				g[0], g[9], g[10] = 0xFF, 0x7F, 3
+				copy(g[12:], "NULL")
+				c.Write(append(g, longFrame(zCommand, 1<<62)...))
+				io.Copy(io.Discard, c)
+			})
+			_, _, err := newTestSubscriber(t, SubscriberConfig{HandshakeTimeout: time.Second}, Endpoint{Worker: 1, Address: peer.addr()})
+			if err == nil {
+				t.Fatal("a peer announcing a 2^62-byte READY was accepted")
+			}
+		})
 	}
 	// The parser holds back the size's last byte, so the library never
 	// sees a complete header.
@@ -136,11 +168,17 @@ func TestOversizedHandshakeFrameIsRefused(t *testing.T) {
 	}
 }
 
-// A peer that accepts TCP and never greets fails the dial within the
+// A peer that accepts and never greets fails the dial within the
 // handshake timeout; a replay peer that never greets does not hold up
-// Close.
+// Close; over TCP and over a unix socket alike.
 func TestSilentPeersDoNotHang(t *testing.T) {
-	silent := newHostilePeer(t, func(c net.Conn) { io.Copy(io.Discard, c) })
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) { silentPeers(t, tr) })
+	}
+}
+
+func silentPeers(t *testing.T, tr string) {
+	silent := newHostilePeer(t, tr, func(c net.Conn) { io.Copy(io.Discard, c) })
 	start := time.Now()
 	_, _, err := newTestSubscriber(t, SubscriberConfig{HandshakeTimeout: 300 * time.Millisecond}, Endpoint{Worker: 1, Address: silent.addr()})
 	if err == nil {
@@ -405,7 +443,13 @@ func TestCleanCloseIsNoError(t *testing.T) {
 // ReplayIdle (it waited the whole handshake timeout, a minute here, for
 // every gap).
 func TestSilentReplayPeerCostsReplayIdle(t *testing.T) {
-	silent := newHostilePeer(t, func(c net.Conn) { io.Copy(io.Discard, c) })
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) { silentReplayPeer(t, tr) })
+	}
+}
+
+func silentReplayPeer(t *testing.T, tr string) {
+	silent := newHostilePeer(t, tr, func(c net.Conn) { io.Copy(io.Discard, c) })
 	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
 	if err != nil {
 		t.Fatal(err)
