@@ -29,3 +29,11 @@ func IndexForTest(s *Service, model string, blockSize int) interface {
 	}
 	return s.indexes[k].pool
 }
+
+// PendingForTest returns how many instances are reserved, their endpoints
+// being dialled.
+func PendingForTest(s *Service) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending)
+}

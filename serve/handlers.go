@@ -61,24 +61,11 @@ func (s *Service) register(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &reg) {
 		return
 	}
-	switch {
-	case reg.ModelName == "":
-		fail(w, http.StatusBadRequest, errors.New("model_name: missing"))
-	case reg.BlockSize <= 0:
-		fail(w, http.StatusBadRequest, fmt.Errorf("block_size: %d, want > 0", reg.BlockSize))
-	case reg.DPRank < 0:
-		fail(w, http.StatusBadRequest, fmt.Errorf("dp_rank: %d, want >= 0", reg.DPRank))
-	case !validEndpoint(reg.Endpoint):
-		fail(w, http.StatusBadRequest, fmt.Errorf("endpoint: %q, want tcp://host:port or ipc://path", reg.Endpoint))
-	case reg.ReplayEndpoint != "" && !validEndpoint(reg.ReplayEndpoint):
-		fail(w, http.StatusBadRequest, fmt.Errorf("replay_endpoint: %q, want tcp://host:port or ipc://path", reg.ReplayEndpoint))
-	default:
-		if err := s.Register(reg); err != nil {
-			fail(w, status(err), err)
-			return
-		}
-		reply(w, http.StatusOK, map[string]string{"status": "registered"})
+	if err := s.Register(reg); err != nil {
+		fail(w, status(err), err)
+		return
 	}
+	reply(w, http.StatusOK, map[string]string{"status": "registered"})
 }
 
 // tenantOr names the default tenant for "".
@@ -376,6 +363,8 @@ func (s *Service) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 
 func status(err error) int {
 	switch {
+	case errors.Is(err, ErrInvalid):
+		return http.StatusBadRequest
 	case errors.Is(err, ErrUnknownModel):
 		return http.StatusNotFound
 	case errors.Is(err, ErrConflict):

@@ -49,18 +49,19 @@ import (
 
 // Config configures a Service.
 type Config struct {
-	Lanes        int   // lanes of each model's index (2)
-	MaxBodyBytes int64 // the largest request body (8 MiB)
+	Lanes        int   // lanes of each model's index (2; at most MaxLanes)
+	MaxBodyBytes int64 // the largest request body (8 MiB; at least MinBodyBytes)
 	MaxTokens    int   // the most token ids or block hashes a query may carry (1M)
 	// RequestTTL is how long a routed request counts in its instance's
 	// load without being completed (10 min): a client that crashed cannot
-	// pin load for good.
+	// pin load for good. At least MinRequestTTL.
 	RequestTTL time.Duration
 	// StateDir, if set, is where Close saves the registry and every index,
 	// and Recover reads them back (see Recover).
 	StateDir string
 	// SaveEvery, with StateDir, also saves the state this often while
-	// serving (see Save); 0 saves on Close only.
+	// serving (see Save), at most once every MinSaveEvery; 0 saves on
+	// Close only.
 	SaveEvery time.Duration
 	// OnSaveError, if set, hears the periodic saves' errors (a failed save
 	// leaves the previous one in place, and the next tick tries again).
@@ -79,18 +80,36 @@ type Config struct {
 	Tiers bool
 }
 
+// Bounds of Config's fields: New floors or caps a field past them (a
+// zero field takes its default), and the command refuses such a flag.
+const (
+	MaxLanes      = 256
+	MinBodyBytes  = 4 << 10
+	MinRequestTTL = time.Second
+	MinSaveEvery  = time.Second
+)
+
 func (c *Config) defaults() {
 	if c.Lanes <= 0 {
 		c.Lanes = 2
 	}
+	c.Lanes = min(c.Lanes, MaxLanes)
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = 8 << 20
 	}
+	c.MaxBodyBytes = max(c.MaxBodyBytes, MinBodyBytes)
 	if c.MaxTokens <= 0 {
 		c.MaxTokens = 1 << 20
 	}
 	if c.RequestTTL <= 0 {
 		c.RequestTTL = 10 * time.Minute
+	}
+	c.RequestTTL = max(c.RequestTTL, MinRequestTTL)
+	if c.SaveEvery < 0 {
+		c.SaveEvery = 0
+	}
+	if c.SaveEvery > 0 {
+		c.SaveEvery = max(c.SaveEvery, MinSaveEvery)
 	}
 }
 
@@ -99,6 +118,7 @@ const DefaultTenant = "default"
 
 // Errors the API maps to statuses.
 var (
+	ErrInvalid      = errors.New("invalid request")
 	ErrUnknownModel = errors.New("unknown model")
 	ErrConflict     = errors.New("conflict")
 	ErrUnreachable  = errors.New("endpoint cannot be subscribed to")
@@ -170,6 +190,8 @@ type Service struct {
 	mu        sync.Mutex
 	indexes   map[modelKey]*index
 	instances map[instanceKey]*instance
+	pending   map[instanceKey]bool // reserved, their endpoints being dialled
+	dialing   sync.WaitGroup       // the dials of pending instances
 	routes    map[string]*modelRouter // requests in flight, by request id
 	closed    bool
 
@@ -180,7 +202,7 @@ type Service struct {
 func New(cfg Config) *Service {
 	cfg.defaults()
 	s := &Service{cfg: cfg, indexes: map[modelKey]*index{}, instances: map[instanceKey]*instance{},
-		routes: map[string]*modelRouter{}}
+		pending: map[instanceKey]bool{}, routes: map[string]*modelRouter{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.metrics = newMetrics(s)
 	s.bg.Go(s.expire)
@@ -201,42 +223,137 @@ type Registration struct {
 	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
 }
 
+// MaxBlockSize is the largest block size a model may be registered with:
+// far above any engine's (vLLM's and SGLang's are 1 to a few hundred
+// tokens), and small enough for every count the service keeps.
+const MaxBlockSize = 1 << 16
+
+// check refuses a registration the service could not keep apart from
+// others or would store wrapped: each error names its field and wraps
+// ErrInvalid.
+func (r *Registration) check() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, a...)...)
+	}
+	switch {
+	case r.ModelName == "":
+		return bad("model_name: missing")
+	case r.BlockSize <= 0 || r.BlockSize > MaxBlockSize:
+		return bad("block_size: %d, want 1 to %d", r.BlockSize, MaxBlockSize)
+	case r.DPRank < 0 || r.DPRank > int(kvevent.MaxDPRank):
+		return bad("dp_rank: %d, want 0 to %d", r.DPRank, kvevent.MaxDPRank)
+	case !validEndpoint(r.Endpoint):
+		return bad("endpoint: %q, want tcp://host:port or ipc://path", r.Endpoint)
+	case r.ReplayEndpoint != "" && !validEndpoint(r.ReplayEndpoint):
+		return bad("replay_endpoint: %q, want tcp://host:port or ipc://path", r.ReplayEndpoint)
+	}
+	return nil
+}
+
 // Register subscribes to an engine's KV events into its model's index.
 func (s *Service) Register(r Registration) error { return s.subscribe(r, 0) }
 
 // subscribe is Register, resuming the engine's stream at resumeAt (0:
-// fresh).
+// fresh). The instance is reserved under the registry lock, its endpoint
+// dialled with no lock held (a dead or silent engine delays nobody else's
+// registration, save or shutdown: Close abandons the dial), and the
+// registration completed under the lock again, unless the instance was
+// unregistered or the service closed meanwhile.
 func (s *Service) subscribe(r Registration, resumeAt uint64) error {
 	if r.TenantID == "" {
 		r.TenantID = DefaultTenant
 	}
+	if err := r.check(); err != nil {
+		return err
+	}
 	key := instanceKey{modelKey{r.ModelName, r.TenantID}, kvevent.WorkerID(r.InstanceID), r.DPRank}
-	s.regMu.Lock()
-	defer s.regMu.Unlock()
-	idx, err := s.admissible(key, r.BlockSize)
+	idx, created, err := s.reserve(key, r.BlockSize)
 	if err != nil {
 		return err
 	}
-	created := idx == nil
-	if created {
-		if idx, err = s.createIndex(key.modelKey, r.BlockSize); err != nil {
-			return err
-		}
-	}
+	defer s.dialing.Done()
 	cfg := s.cfg.Subscriber
 	cfg.BlockSize = r.BlockSize
-	sub, err := vllm.NewSubscriber(idx.sink, cfg, vllm.Endpoint{Worker: key.instance, Address: r.Endpoint, Replay: r.ReplayEndpoint, ResumeAt: resumeAt})
+	sub, err := vllm.NewSubscriberContext(s.ctx, idx.sink, cfg, vllm.Endpoint{Worker: key.instance, Address: r.Endpoint, Replay: r.ReplayEndpoint, ResumeAt: resumeAt})
 	if err != nil {
+		err = fmt.Errorf("%w: %v", ErrUnreachable, err)
+	}
+	return s.complete(key, idx, created, r, sub, err)
+}
+
+// reserve admits the instance and marks it pending, creating its model's
+// index if it is the first (created); the caller dials, then calls
+// complete and s.dialing.Done.
+func (s *Service) reserve(key instanceKey, blockSize int) (idx *index, created bool, err error) {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	if idx, err = s.admissible(key, blockSize); err != nil {
+		return nil, false, err
+	}
+	if created = idx == nil; created {
+		if idx, err = s.createIndex(key.modelKey, blockSize); err != nil {
+			return nil, false, err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
 		if created {
 			idx.close()
 		}
-		return fmt.Errorf("%w: %v", ErrUnreachable, err)
+		return nil, false, errors.New("service closed")
 	}
-	s.mu.Lock()
 	s.indexes[key.modelKey] = idx
-	s.instances[key] = &instance{reg: r, sub: sub}
+	s.pending[key] = true
+	s.dialing.Add(1)
+	return idx, created, nil
+}
+
+// complete registers the instance reserved as key with its subscriber, or
+// (dialErr, or the reservation gone) closes the subscriber and drops the
+// model's index if the reservation created it and nothing else uses it.
+func (s *Service) complete(key instanceKey, idx *index, created bool, r Registration, sub *vllm.Subscriber, dialErr error) error {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	s.mu.Lock()
+	reserved := s.pending[key] && !s.closed
+	delete(s.pending, key)
+	if dialErr == nil && reserved {
+		s.instances[key] = &instance{reg: r, sub: sub}
+		s.mu.Unlock()
+		return nil
+	}
+	unused := created && s.indexes[key.modelKey] == idx && !s.usedLocked(key.modelKey)
+	if unused {
+		delete(s.indexes, key.modelKey)
+	}
 	s.mu.Unlock()
-	return nil
+	if sub != nil {
+		_ = sub.Close()
+	}
+	if unused {
+		_ = idx.close()
+	}
+	if dialErr != nil {
+		return dialErr
+	}
+	return fmt.Errorf("%w: instance %d rank %d of %s:%s was unregistered, or the service closed, while its endpoint was dialled", ErrConflict, key.instance, key.rank, key.model, key.tenant)
+}
+
+// usedLocked reports whether an instance of model k is registered or
+// pending (mu held).
+func (s *Service) usedLocked(k modelKey) bool {
+	for ik := range s.instances {
+		if ik.modelKey == k {
+			return true
+		}
+	}
+	for ik := range s.pending {
+		if ik.modelKey == k {
+			return true
+		}
+	}
+	return false
 }
 
 // admissible says whether an instance may be registered with the block
@@ -247,7 +364,7 @@ func (s *Service) admissible(key instanceKey, blockSize int) (*index, error) {
 	if s.closed {
 		return nil, errors.New("service closed")
 	}
-	if _, ok := s.instances[key]; ok {
+	if _, ok := s.instances[key]; ok || s.pending[key] {
 		return nil, fmt.Errorf("%w: instance %d rank %d of %s:%s is registered already", ErrConflict, key.instance, key.rank, key.model, key.tenant)
 	}
 	idx := s.indexes[key.modelKey]
@@ -277,6 +394,14 @@ func (s *Service) Unregister(u Unregistration) error {
 	}
 	var gone []leaving
 	s.mu.Lock()
+	pending := 0
+	for key := range s.pending {
+		if key.model == u.ModelName && key.instance == kvevent.WorkerID(u.InstanceID) &&
+			(u.TenantID == "" || key.tenant == u.TenantID) && (u.DPRank == nil || key.rank == *u.DPRank) {
+			delete(s.pending, key) // its dial, when done, finds it gone
+			pending++
+		}
+	}
 	for key, inst := range s.instances {
 		if key.model != u.ModelName || key.instance != kvevent.WorkerID(u.InstanceID) ||
 			(u.TenantID != "" && key.tenant != u.TenantID) || (u.DPRank != nil && key.rank != *u.DPRank) {
@@ -286,7 +411,7 @@ func (s *Service) Unregister(u Unregistration) error {
 		gone = append(gone, leaving{key, inst, s.indexes[key.modelKey]})
 	}
 	s.mu.Unlock()
-	if len(gone) == 0 {
+	if len(gone) == 0 && pending == 0 {
 		return fmt.Errorf("%w: no instance %d of model %q", ErrUnknownModel, u.InstanceID, u.ModelName)
 	}
 	var err error
@@ -375,8 +500,9 @@ func (s *Service) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
-	s.cancel()
+	s.cancel() // abandons the dials of pending instances
 	s.bg.Wait()
+	s.dialing.Wait()
 	s.regMu.Lock() // no registration comes after: closed
 	defer s.regMu.Unlock()
 	var err error

@@ -173,6 +173,8 @@ func TestServiceEndToEnd(t *testing.T) {
 		{"twice", "/register", reg, http.StatusConflict, "registered already"},
 		{"a udp endpoint", "/register", serve.Registration{InstanceID: 9, Endpoint: "udp://x:1", ModelName: "m", BlockSize: bs}, http.StatusBadRequest, "endpoint"},
 		{"no model", "/register", serve.Registration{InstanceID: 9, Endpoint: pub.Addr(), BlockSize: bs}, http.StatusBadRequest, "model_name"},
+		{"a rank past 2^30-1", "/register", []byte(`{"instance_id": 9, "endpoint": "tcp://x:1", "model_name": "m", "block_size": 16, "dp_rank": 4294967296}`), http.StatusBadRequest, "dp_rank"},
+		{"a block size past 2^16", "/register", []byte(`{"instance_id": 9, "endpoint": "tcp://x:1", "model_name": "m2", "block_size": 4294967312}`), http.StatusBadRequest, "block_size"},
 		{"a string id", "/register", []byte(`{"instance_id": "seven", "endpoint": "tcp://x:1", "model_name": "m", "block_size": 16}`), http.StatusBadRequest, "instance_id"},
 		{"not JSON", "/query", []byte(`{"token_ids": [1, 2`), http.StatusBadRequest, "body"},
 		{"a token over u32", "/query", []byte(`{"token_ids": [4294967296], "model_name": "m"}`), http.StatusBadRequest, "token_ids"},

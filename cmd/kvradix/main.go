@@ -56,6 +56,22 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
+	for _, c := range []struct {
+		ok   bool
+		flag string
+		v    any
+		want string
+	}{
+		{*lanes >= 1 && *lanes <= serve.MaxLanes, "lanes", *lanes, fmt.Sprintf("1 to %d", serve.MaxLanes)},
+		{*maxBody >= serve.MinBodyBytes, "max-body", *maxBody, fmt.Sprintf("at least %d", serve.MinBodyBytes)},
+		{*ttl >= serve.MinRequestTTL, "ttl", *ttl, fmt.Sprintf("at least %v", serve.MinRequestTTL)},
+		{*saveEvery == 0 || *saveEvery >= serve.MinSaveEvery, "save-every", *saveEvery, fmt.Sprintf("0 (on shutdown only) or at least %v", serve.MinSaveEvery)},
+		{*blockSize >= 1 && *blockSize <= serve.MaxBlockSize, "block-size", *blockSize, fmt.Sprintf("1 to %d", serve.MaxBlockSize)},
+	} {
+		if !c.ok {
+			return fmt.Errorf("-%s %v: want %s", c.flag, c.v, c.want)
+		}
+	}
 	regs, err := parseWorkers(*workers, *model, *blockSize)
 	if err != nil {
 		return fmt.Errorf("-workers: %w", err)

@@ -130,15 +130,32 @@ func TestServeOnEmbeddedNATS(t *testing.T) {
 	testwait.For(t, "the restarted service to serve the block from the bus", func() bool { return held(base, false) })
 }
 
+// Bad flags are refused before anything starts, each naming the flag:
+// none is taken silently as its default, none panics (-ttl 1ns did), none
+// runs the service in a loop (-save-every 1ns saved 1,500 times a second).
 func TestServeBadFlags(t *testing.T) {
-	for _, args := range [][]string{
-		{},
-		{"serve", "-workers", "3=tcp://x:1"},
-		{"serve", "-workers", "x=tcp://x:1", "-model-name", "m"},
-		{"serve", "-listen", "nonsense"},
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{}, "serve"},
+		{[]string{"serve", "-workers", "3=tcp://x:1"}, "-model-name"},
+		{[]string{"serve", "-workers", "x=tcp://x:1", "-model-name", "m"}, "-workers"},
+		{[]string{"serve", "-listen", "nonsense"}, "-listen"},
+		{[]string{"serve", "-ttl", "1ns"}, "-ttl"},
+		{[]string{"serve", "-ttl", "-5s"}, "-ttl"},
+		{[]string{"serve", "-save-every", "1ns"}, "-save-every"},
+		{[]string{"serve", "-save-every", "-1s"}, "-save-every"},
+		{[]string{"serve", "-lanes", "-3"}, "-lanes"},
+		{[]string{"serve", "-lanes", "0"}, "-lanes"},
+		{[]string{"serve", "-lanes", "100000"}, "-lanes"},
+		{[]string{"serve", "-max-body", "-1"}, "-max-body"},
+		{[]string{"serve", "-block-size", "0"}, "-block-size"},
+		{[]string{"serve", "-block-size", "4294967312"}, "-block-size"},
 	} {
-		if err := run(args, io.Discard, io.Discard, nil); err == nil {
-			t.Errorf("%v: accepted", args)
+		err := run(tc.args, io.Discard, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%v: %v, want an error naming %s", tc.args, err, tc.says)
 		}
 	}
 }

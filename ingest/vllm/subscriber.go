@@ -184,6 +184,13 @@ var _ Sink = shardpool.Indexer(nil)
 
 // NewSubscriber connects to every endpoint and starts receiving.
 func NewSubscriber(idx Sink, cfg SubscriberConfig, eps ...Endpoint) (*Subscriber, error) {
+	return NewSubscriberContext(context.Background(), idx, cfg, eps...)
+}
+
+// NewSubscriberContext is NewSubscriber whose first dials (each bounded by
+// HandshakeTimeout) are abandoned when ctx ends; ctx does not outlive the
+// call.
+func NewSubscriberContext(ctx context.Context, idx Sink, cfg SubscriberConfig, eps ...Endpoint) (*Subscriber, error) {
 	if cfg.BlockSize <= 0 {
 		return nil, fmt.Errorf("vllm: subscriber: block size %d, want > 0", cfg.BlockSize)
 	}
@@ -219,6 +226,7 @@ func NewSubscriber(idx Sink, cfg SubscriberConfig, eps ...Endpoint) (*Subscriber
 	if err != nil {
 		return nil, err
 	}
+	dialCtx := ctx
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Subscriber{idx: idx, cfg: cfg, ctx: ctx, cancel: cancel, guard: g, replayGuard: rg}
 	for _, ep := range eps {
@@ -236,7 +244,7 @@ func NewSubscriber(idx Sink, cfg SubscriberConfig, eps ...Endpoint) (*Subscriber
 		if ep.Listen {
 			err = e.sub.Listen(g.endpoint(ep.Address))
 		} else {
-			err = dialWithin(e.sub, g.endpoint(ep.Address), cfg.HandshakeTimeout)
+			err = dialWithin(dialCtx, e.sub, g.endpoint(ep.Address), cfg.HandshakeTimeout, g.close)
 		}
 		if err == nil {
 			err = e.sub.SetOption(zmq4.OptionSubscribe, ep.Topic)
@@ -254,21 +262,27 @@ func NewSubscriber(idx Sink, cfg SubscriberConfig, eps ...Endpoint) (*Subscriber
 	return s, nil
 }
 
-// dialWithin dials addr, retrying until d has passed; then it closes the
-// socket, which ends the retries, and fails.
-func dialWithin(sub zmq4.Socket, addr string, d time.Duration) error {
+// dialWithin dials addr, retrying until d has passed or ctx ends; then it
+// closes the socket, which ends the retries, and the connections (abort),
+// which ends a handshake in progress, and fails.
+func dialWithin(ctx context.Context, sub zmq4.Socket, addr string, d time.Duration, abort func()) error {
 	done := make(chan error, 1)
 	go func() { done <- sub.Dial(addr) }()
 	t := time.NewTimer(d)
 	defer t.Stop()
+	var err error
 	select {
 	case err := <-done:
 		return err
 	case <-t.C:
-		sub.Close()
-		<-done
-		return fmt.Errorf("no connection within %v", d)
+		err = fmt.Errorf("no connection within %v", d)
+	case <-ctx.Done():
+		err = fmt.Errorf("dial abandoned: %w", context.Cause(ctx))
 	}
+	sub.Close()
+	abort()
+	<-done
+	return err
 }
 
 // receive moves messages from the socket to the endpoint's queue. A
