@@ -86,7 +86,7 @@ const (
 	MaxLanes      = 256
 	MinBodyBytes  = 4 << 10
 	MinRequestTTL = time.Second
-	MinSaveEvery  = time.Second
+	MinSaveEvery  = 10 * time.Millisecond
 )
 
 func (c *Config) defaults() {
@@ -190,8 +190,8 @@ type Service struct {
 	mu        sync.Mutex
 	indexes   map[modelKey]*index
 	instances map[instanceKey]*instance
-	pending   map[instanceKey]bool // reserved, their endpoints being dialled
-	dialing   sync.WaitGroup       // the dials of pending instances
+	pending   map[instanceKey]bool    // reserved, their endpoints being dialled
+	dialing   sync.WaitGroup          // the dials of pending instances
 	routes    map[string]*modelRouter // requests in flight, by request id
 	closed    bool
 
