@@ -318,14 +318,11 @@ func (t *CompressedTree) scoreRun(r *crun, rest []uint64, first bool, active []*
 		hs := r.holderArray()
 		active, score = active[:base], score[:0]
 		if first {
-			for i := range hs {
-				if c := min(atomic.LoadUint32(&hs[i].cut), uint32(m)); c > 0 {
-					active = append(active, hs[i].w)
-					score = append(score, c)
-				}
-				// A run with many holders: give up a read the version
-				// has already spoilt.
-				if i%checkEvery == checkEvery-1 && !locked && r.ver.Load() != v {
+			// A run with many holders: a read the version has already
+			// spoilt is given up between two chunks.
+			for lo := 0; lo < len(hs); lo += checkEvery {
+				active, score = activeIn(active, score, hs[lo:min(lo+checkEvery, len(hs))], uint32(m))
+				if !locked && r.ver.Load() != v {
 					break
 				}
 			}
@@ -347,6 +344,17 @@ func (t *CompressedTree) scoreRun(r *crun, rest []uint64, first bool, active []*
 			return m, child, active, score
 		}
 	}
+}
+
+// activeIn appends each holder of hs with a cut, and its cut (at most m).
+func activeIn(active []*xworker, score []uint32, hs []holder, m uint32) ([]*xworker, []uint32) {
+	for i := range hs {
+		if c := min(atomic.LoadUint32(&hs[i].cut), m); c > 0 {
+			active = append(active, hs[i].w)
+			score = append(score, c)
+		}
+	}
+	return active, score
 }
 
 // cutsOf appends, for each active worker, how many of the run's first m
