@@ -58,6 +58,11 @@ type Options struct {
 	LoRAName string
 	// Namespace salts every block (tenant isolation); empty means none.
 	Namespace string
+	// Salt is a request's cache salt (vLLM's and SGLang's cache_salt):
+	// blocks stored under a salt never match a request without it, nor
+	// one with another. Empty means none. (kvradix's rule, below; the
+	// engines' own hashes of salted blocks are theirs.)
+	Salt string
 	// MultiModal holds, per block index, the multimodal content hashes that
 	// fall into that block. They are appended to the block's bytes as sorted
 	// little-endian u64. Blocks beyond len(MultiModal), and nil entries,
@@ -68,8 +73,8 @@ type Options struct {
 }
 
 // SeedFor returns the seed local hashes use under o:
-// 1337 + XXH3(LoRAName, seed 0) + XXH3(Namespace, seed 1), wrapping,
-// where an empty string contributes nothing.
+// 1337 + XXH3(LoRAName, seed 0) + XXH3(Namespace, seed 1) + XXH3(Salt,
+// seed 2), wrapping, where an empty string contributes nothing.
 func (o *Options) SeedFor() uint64 {
 	seed := Seed
 	if o.LoRAName != "" {
@@ -77,6 +82,9 @@ func (o *Options) SeedFor() uint64 {
 	}
 	if o.Namespace != "" {
 		seed += xxh3.HashStringSeed(o.Namespace, 1)
+	}
+	if o.Salt != "" {
+		seed += xxh3.HashStringSeed(o.Salt, 2)
 	}
 	return seed
 }

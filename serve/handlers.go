@@ -107,6 +107,10 @@ type Query struct {
 	ModelName string   `json:"model_name"`
 	TenantID  string   `json:"tenant_id,omitempty"`
 	LoRAName  string   `json:"lora_name,omitempty"`
+	// CacheSalt matches blocks engines stored under this cache_salt
+	// (SGLang's salted stores, vLLM's map events): without it, salted
+	// blocks never match.
+	CacheSalt string `json:"cache_salt,omitempty"`
 }
 
 // HashQuery is a POST /query_by_hash body: local (tokens) block hashes.
@@ -133,8 +137,8 @@ func (s *Service) query(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.answer(w, "query", "token_ids", len(q.TokenIDs), q.ModelName, q.TenantID, func(idx *index) ([]uint64, radix.OverlapScores, int, error) {
-		if idx.tiers { // the tier lookup needs the hashes too
-			local := hashing.LocalHashes(nil, q.TokenIDs, idx.blockSize, hashing.Options{LoRAName: q.LoRAName})
+		if idx.tiers || q.CacheSalt != "" { // the tier lookup needs the hashes too
+			local := hashing.LocalHashes(nil, q.TokenIDs, idx.blockSize, hashing.Options{LoRAName: q.LoRAName, Salt: q.CacheSalt})
 			res, err := idx.pool.FindMatches(local)
 			return local, res, len(local), err
 		}

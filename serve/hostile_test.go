@@ -1,8 +1,10 @@
 package serve_test
 
 import (
+	"fmt"
 	"io"
 	"net"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -102,5 +104,62 @@ func TestConfigOutOfRange(t *testing.T) {
 	svc := serve.New(serve.Config{RequestTTL: time.Nanosecond, SaveEvery: time.Nanosecond, StateDir: t.TempDir(), Lanes: 1 << 20, MaxBodyBytes: -1})
 	if err := svc.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Engines as they send today, through the service: vLLM's main branch
+// (a map envelope around tagged-map events) and SGLang's salted stores (a
+// metadata map where vLLM's lora_name sits) are indexed; a salted block
+// matches a query with its salt and not plain text.
+func TestEnginesOfToday(t *testing.T) {
+	svc := serve.New(serve.Config{})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	prompt := tokens(2*bs, 500)
+	for _, tc := range []struct {
+		name string
+		id   uint64
+		enc  vllm.Encoding
+		salt string
+	}{
+		{"vllm-main", 1, vllm.MapEnvelopeEncoding, ""},
+		{"sglang-salted", 2, vllm.ArrayEncoding, "tenant-secret"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m", Encoding: tc.enc})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pub.Close()
+			model := "m-" + tc.name
+			if err := svc.Register(serve.Registration{InstanceID: tc.id, Endpoint: pub.Addr(), ModelName: model, BlockSize: bs}); err != nil {
+				t.Fatal(err)
+			}
+			stored := vllm.Event{Type: vllm.BlockStored, BlockHashes: []uint64{71, 72}, TokenIDs: prompt, BlockSize: bs, Medium: "GPU", CacheSalt: tc.salt}
+			testwait.For(t, "the engine's blocks to be indexed", func() bool {
+				if _, err := pub.Publish([]vllm.Event{stored}); err != nil {
+					t.Fatal(err)
+				}
+				var got serve.Scores
+				post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: model, CacheSalt: tc.salt}, &got)
+				return got.Scores[fmt.Sprint(tc.id)]["0"] == 2*bs
+			})
+			// An event of another block size is refused, and counted by
+			// reason.
+			foreign := vllm.Event{Type: vllm.BlockStored, BlockHashes: []uint64{81}, TokenIDs: prompt, BlockSize: 2 * bs, Medium: "GPU"}
+			if _, err := pub.Publish([]vllm.Event{foreign}); err != nil {
+				t.Fatal(err)
+			}
+			sample := fmt.Sprintf(`kvradix_subscriber_events_refused_total{dp_rank="0",instance="%d",reason="block_size"}`, tc.id)
+			testwait.For(t, "the foreign block size counted", func() bool { return metric(t, ts.URL, sample) == 1 })
+			if tc.salt != "" {
+				var plain serve.Scores
+				post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: model}, &plain)
+				if len(plain.Scores) != 0 {
+					t.Fatalf("a salted block matched plain text: %v", plain.Scores)
+				}
+			}
+		})
 	}
 }

@@ -48,6 +48,9 @@ var (
 	descBusBad    = prometheus.NewDesc("kvradix_bus_bad_messages_total", "Messages of a model's bus stream that did not decode or apply (on a bus).", []string{"model"}, nil)
 	descDown      = prometheus.NewDesc("kvradix_subscriber_down", "1 while an engine's connection is down (its last receive failed; reconnecting), else 0.", []string{"instance", "dp_rank"}, nil)
 	descLastMsg   = prometheus.NewDesc("kvradix_subscriber_last_message_timestamp_seconds", "When the last message from an engine came, in Unix seconds.", []string{"instance", "dp_rank"}, nil)
+	descRefused   = prometheus.NewDesc("kvradix_subscriber_events_refused_total", "An engine's events not indexed, by reason: another block size, a token count not block_size per hash, another KV cache group, an unknown type, undecodable (in a batch whose other events applied), remote (locality REMOTE).", []string{"instance", "dp_rank", "reason"}, nil)
+	descUndecod   = prometheus.NewDesc("kvradix_subscriber_undecodable_batches_total", "An engine's batches that did not decode at all (each also a lost batch).", []string{"instance", "dp_rank"}, nil)
+	descBadFrame  = prometheus.NewDesc("kvradix_subscriber_bad_frames_total", "An engine's live messages not [topic, 8-byte sequence, payload], or frames over the size limit.", []string{"instance", "dp_rank"}, nil)
 	descDisconnct = prometheus.NewDesc("kvradix_subscriber_disconnects_total", "Receive errors on an engine's connection (it reconnects).", []string{"instance", "dp_rank"}, nil)
 )
 
@@ -121,7 +124,8 @@ func (m *metrics) handler() http.Handler {
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descApplied, descRejected, descIgnored, descPairs, descBytes, descDepth,
-		descGaps, descReplayed, descRestarts, descLost, descReceived, descDisconnct, descDown, descLastMsg, descBusSeq, descBusBad} {
+		descGaps, descReplayed, descRestarts, descLost, descReceived, descDisconnct, descDown, descLastMsg, descBusSeq, descBusBad,
+		descRefused, descUndecod, descBadFrame} {
 		ch <- d
 	}
 }
@@ -162,6 +166,13 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		counter(descRestarts, st.Restarts, id, rank)
 		counter(descLost, st.BatchesLost, id, rank)
 		counter(descDisconnct, st.Disconnects, id, rank)
+		counter(descUndecod, st.DecodeErrors, id, rank)
+		counter(descBadFrame, st.BadFrames+st.FramesRefused, id, rank)
+		cs := st.Convert
+		for reason, n := range map[string]uint64{"block_size": cs.BadBlockSize, "token_count": cs.BadTokenCount, "other_group": cs.OtherGroup,
+			"unknown_type": cs.UnknownType, "undecodable": cs.Undecodable, "remote": cs.Remote} {
+			counter(descRefused, n, id, rank, reason)
+		}
 		if r := inst.sub.Received(); len(r) > 0 {
 			gauge(descReceived, float64(r[0]), id, rank)
 		}

@@ -11,7 +11,7 @@
 //	POST /register        {instance_id, endpoint, model_name, block_size, tenant_id?, dp_rank?, replay_endpoint?}
 //	POST /unregister      {instance_id, model_name, tenant_id?, dp_rank?}
 //	GET  /workers         [{instance_id, endpoints: {"<rank>": endpoint}}]
-//	POST /query           {token_ids, model_name, tenant_id?, lora_name?}
+//	POST /query           {token_ids, model_name, tenant_id?, lora_name?, cache_salt?}
 //	POST /query_by_hash   {block_hashes, model_name, tenant_id?}
 //	GET  /dump            {"<model>:<tenant>": [RouterEvent, ...]}
 //	POST /route           {token_ids | block_hashes, model_name, tenant_id?, request_id?} (see route.go)

@@ -15,10 +15,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/kvradix/kvradix/cluster"
+	"github.com/kvradix/kvradix/ingest/vllm"
 	"github.com/kvradix/kvradix/serve"
 )
 
@@ -78,6 +80,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	}
 	cfg := serve.Config{Lanes: *lanes, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl,
 		SaveEvery: *saveEvery, Tiers: *tiers, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
+	cfg.Subscriber.OnLoss = newLossLog(stderr, time.Second).log
 	svc, stopBus, err := open(cfg, *natsURL, *natsCreds, stdout)
 	if err != nil {
 		return err
@@ -177,4 +180,36 @@ func parseWorkers(s, model string, blockSize int) ([]serve.Registration, error) 
 		out = append(out, serve.Registration{InstanceID: n, Endpoint: ep, ModelName: model, BlockSize: blockSize})
 	}
 	return out, nil
+}
+
+// lossLog writes engines' losses (batches lost, events that did not
+// decode) to w, at most one line per engine per interval; the lines held
+// back are counted in the next.
+type lossLog struct {
+	w     io.Writer
+	every time.Duration
+	mu    sync.Mutex
+	last  map[string]time.Time // by engine address
+	held  map[string]int
+}
+
+func newLossLog(w io.Writer, every time.Duration) *lossLog {
+	return &lossLog{w: w, every: every, last: map[string]time.Time{}, held: map[string]int{}}
+}
+
+func (l *lossLog) log(loss vllm.Loss) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if now.Sub(l.last[loss.Address]) < l.every {
+		l.held[loss.Address]++
+		return
+	}
+	l.last[loss.Address] = now
+	more := ""
+	if n := l.held[loss.Address]; n > 0 {
+		more = fmt.Sprintf(" (and %d more since the last line)", n)
+		delete(l.held, loss.Address)
+	}
+	fmt.Fprintf(l.w, "kvradix: %v%s\n", loss, more)
 }

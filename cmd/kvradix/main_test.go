@@ -174,3 +174,22 @@ func TestNoBinaryLinksTesting(t *testing.T) {
 		}
 	}
 }
+
+// Losses are logged at most once per engine per interval; the lines held
+// back are counted in the next.
+func TestLossLog(t *testing.T) {
+	var out strings.Builder
+	l := newLossLog(&out, time.Hour)
+	a := vllm.Loss{Worker: 1, Address: "tcp://a:1", First: 5, Last: 5, Events: 1, Reason: "event 1: block_hashes[0]: bad"}
+	l.log(a)
+	l.log(a)
+	l.log(a)
+	l.log(vllm.Loss{Worker: 2, Address: "tcp://b:1", First: 1, Last: 3, Reason: "replay timed out"})
+	l.every = 0
+	l.log(a)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "tcp://a:1") || !strings.Contains(lines[0], "1 events lost") ||
+		!strings.Contains(lines[1], "lost batches 1..3") || !strings.Contains(lines[2], "and 2 more") {
+		t.Fatalf("log:\n%s", out.String())
+	}
+}

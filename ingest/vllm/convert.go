@@ -33,11 +33,17 @@ type ConvertStats struct {
 	OtherGroup               uint64 // events of a KV cache group other than 0
 	UnknownType              uint64 // event types this package does not know
 	BadRank                  uint64 // batches with a negative rank
+	// Undecodable counts events that did not decode, in batches whose
+	// other events were applied (Event.Err).
+	Undecodable uint64
+	// Remote counts events of locality REMOTE (another engine's blocks,
+	// vLLM 2026): dropped, as Dynamo does, failing closed.
+	Remote uint64
 }
 
 // Rejected returns the events refused.
 func (s ConvertStats) Rejected() uint64 {
-	return s.BadBlockSize + s.BadTokenCount + s.OtherGroup + s.UnknownType
+	return s.BadBlockSize + s.BadTokenCount + s.OtherGroup + s.UnknownType + s.Undecodable + s.Remote
 }
 
 // Converter turns decoded batches of one worker into kvradix router events.
@@ -49,7 +55,9 @@ type Converter struct {
 	Worker    kvevent.WorkerID
 	BlockSize int
 	next      uint64
-	c         struct{ stored, removed, cleared, size, tokens, group, unknown, rank atomic.Uint64 }
+	c         struct {
+		stored, removed, cleared, size, tokens, group, unknown, rank, undecodable, remote atomic.Uint64
+	}
 }
 
 // NewConverter returns a converter for one worker.
@@ -62,7 +70,7 @@ func (c *Converter) Stats() ConvertStats {
 	return ConvertStats{
 		Stored: c.c.stored.Load(), Removed: c.c.removed.Load(), Cleared: c.c.cleared.Load(),
 		BadBlockSize: c.c.size.Load(), BadTokenCount: c.c.tokens.Load(), OtherGroup: c.c.group.Load(),
-		UnknownType: c.c.unknown.Load(), BadRank: c.c.rank.Load(),
+		UnknownType: c.c.unknown.Load(), BadRank: c.c.rank.Load(), Undecodable: c.c.undecodable.Load(), Remote: c.c.remote.Load(),
 	}
 }
 
@@ -79,6 +87,14 @@ func (c *Converter) Convert(dst []kvevent.RouterEvent, b *Batch) []kvevent.Route
 	}
 	for i := range b.Events {
 		ev := &b.Events[i]
+		if ev.Err != nil {
+			c.c.undecodable.Add(1)
+			continue
+		}
+		if ev.Locality == "REMOTE" {
+			c.c.remote.Add(1)
+			continue
+		}
 		out := kvevent.RouterEvent{WorkerID: c.Worker, Tier: MediumTier(ev.Medium), Event: kvevent.Event{DPRank: rank}}
 		switch ev.Type {
 		case BlockStored:
@@ -94,7 +110,7 @@ func (c *Converter) Convert(dst []kvevent.RouterEvent, b *Batch) []kvevent.Route
 				c.c.tokens.Add(1)
 				continue
 			}
-			local := hashing.LocalHashes(make([]uint64, 0, len(ev.BlockHashes)), ev.TokenIDs, c.BlockSize, hashing.Options{LoRAName: ev.LoRAName})
+			local := hashing.LocalHashes(make([]uint64, 0, len(ev.BlockHashes)), ev.TokenIDs, c.BlockSize, hashing.Options{LoRAName: ev.LoRAName, Salt: ev.CacheSalt})
 			st := kvevent.Stored{Blocks: make([]kvevent.StoredBlock, len(local))}
 			for j, h := range local {
 				st.Blocks[j] = kvevent.StoredBlock{BlockHash: ev.BlockHashes[j], TokensHash: h}
@@ -127,6 +143,6 @@ func (c *Converter) Convert(dst []kvevent.RouterEvent, b *Batch) []kvevent.Route
 
 // String summarises the stats on one line.
 func (s ConvertStats) String() string {
-	return fmt.Sprintf("stored %d removed %d cleared %d; refused: block size %d, token count %d, other group %d, unknown type %d, bad rank %d",
-		s.Stored, s.Removed, s.Cleared, s.BadBlockSize, s.BadTokenCount, s.OtherGroup, s.UnknownType, s.BadRank)
+	return fmt.Sprintf("stored %d removed %d cleared %d; refused: block size %d, token count %d, other group %d, unknown type %d, bad rank %d, undecodable %d, remote %d",
+		s.Stored, s.Removed, s.Cleared, s.BadBlockSize, s.BadTokenCount, s.OtherGroup, s.UnknownType, s.BadRank, s.Undecodable, s.Remote)
 }

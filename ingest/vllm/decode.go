@@ -47,6 +47,16 @@ type Event struct {
 	Medium          string // "" when nil
 	GroupIdx        int
 	KVCacheSpecKind string
+	// CacheSalt is the salt of a salted store: SGLang's metadata map (at
+	// the array position of vLLM's lora_name), or a map event's
+	// cache_salt key.
+	CacheSalt string
+	// Locality is vLLM's "LOCAL" or "REMOTE" (2026; "" when absent): a
+	// REMOTE event speaks of another engine's blocks.
+	Locality string
+	// Err, if set, is why this event did not decode: the batch's other
+	// events stand (DecodeBatch also returns the first such error).
+	Err error
 }
 
 // DecodeError is a malformed payload; it names where: the event (or -1 for
@@ -71,19 +81,35 @@ func (e *DecodeError) Unwrap() error { return e.Err }
 // claims more is refused before anything is allocated for them.
 const MaxBatchEvents = 1 << 16
 
-// DecodeBatch decodes a payload: the envelope [ts, events, data_parallel_rank]
-// (2 or more elements; the rank may be nil or absent) and each event in
-// either encoding. Unknown map keys and extra trailing elements are ignored.
-// Malformed input is a *DecodeError; nothing panics.
+// DecodeBatch decodes a payload: the envelope, an array [ts, events,
+// data_parallel_rank] (2 or more elements; the rank may be nil or absent)
+// or a map {"ts", "events", "data_parallel_rank"} (vLLM without array_like
+// on the envelope), and each event in either encoding. Unknown map keys
+// and extra trailing elements are ignored. Malformed input is a
+// *DecodeError; nothing panics.
+//
+// An event that does not decode, where its end can still be found, leaves
+// the batch standing: it is kept with its Err set, and DecodeBatch returns
+// the batch with the first such error, wrapped in ErrBadEvents. Any other
+// error (of the envelope, Event -1, or of an event whose end cannot be
+// found) loses the whole batch.
 func DecodeBatch(payload []byte) (Batch, error) {
 	var b Batch
 	err := decodeBatchInto(&b, payload)
 	return b, err
 }
 
+// ErrBadEvents wraps DecodeBatch's error when some events of a batch did
+// not decode and the others stand: the batch is to be applied, its bad
+// events counted.
+var ErrBadEvents = errors.New("vllm: events that did not decode")
+
 func envErr(field string, err error) error { return &DecodeError{Event: -1, Field: field, Err: err} }
 
 func decodeBatchInto(out *Batch, b []byte) error {
+	if msgp.NextType(b) == msgp.MapType {
+		return decodeMapEnvelope(out, b)
+	}
 	n, b, err := msgp.ReadArrayHeaderBytes(b)
 	if err != nil {
 		return envErr("batch", err)
@@ -91,48 +117,15 @@ func decodeBatchInto(out *Batch, b []byte) error {
 	if n < 2 {
 		return envErr("batch", fmt.Errorf("%d elements, want at least 2", n))
 	}
-	switch msgp.NextType(b) {
-	case msgp.Float64Type, msgp.Float32Type:
-		out.TS, b, err = msgp.ReadFloat64Bytes(b)
-	case msgp.IntType, msgp.UintType:
-		var i int64
-		i, b, err = msgp.ReadInt64Bytes(b)
-		out.TS = float64(i)
-	default:
-		err = fmt.Errorf("want a number, got %v", msgp.NextType(b))
-	}
-	if err != nil {
+	if out.TS, b, err = readTS(b); err != nil {
 		return envErr("ts", err)
 	}
-	ne, b, err := msgp.ReadArrayHeaderBytes(b)
-	if err != nil {
-		return envErr("events", err)
-	}
-	if int(ne) > len(b) {
-		return envErr("events", msgp.ErrShortBytes)
-	}
-	if ne > MaxBatchEvents {
-		return envErr("events", fmt.Errorf("%d events, more than %d in one batch", ne, MaxBatchEvents))
-	}
-	out.Events = make([]Event, ne)
-	for i := range out.Events {
-		if b, err = decodeEvent(&out.Events[i], b, i); err != nil {
-			return err
-		}
+	var first error // the first event that did not decode
+	if b, first, err = decodeEvents(out, b); err != nil {
+		return err
 	}
 	if n >= 3 {
-		if msgp.IsNil(b) {
-			b, err = msgp.ReadNilBytes(b)
-		} else {
-			var r int64
-			r, b, err = msgp.ReadInt64Bytes(b)
-			if err == nil && (r < 0 || r > int64(kvevent.MaxDPRank)) {
-				err = fmt.Errorf("%d out of range [0, %d]", r, kvevent.MaxDPRank)
-			}
-			rank := int(r)
-			out.DPRank = &rank
-		}
-		if err != nil {
+		if out.DPRank, b, err = readRank(b); err != nil {
 			return envErr("data_parallel_rank", err)
 		}
 		for range n - 3 {
@@ -141,7 +134,115 @@ func decodeBatchInto(out *Batch, b []byte) error {
 			}
 		}
 	}
-	return nil
+	return first
+}
+
+// decodeMapEnvelope decodes the map form of the envelope.
+func decodeMapEnvelope(out *Batch, b []byte) error {
+	n, b, err := msgp.ReadMapHeaderBytes(b)
+	if err != nil {
+		return envErr("batch", err)
+	}
+	var first error
+	var seen uint8
+	for range n {
+		var key []byte
+		if key, b, err = readStr(b); err != nil {
+			return envErr("key", err)
+		}
+		switch string(key) {
+		case "ts":
+			seen |= 1
+			if out.TS, b, err = readTS(b); err != nil {
+				return envErr("ts", err)
+			}
+		case "events":
+			seen |= 2
+			if b, first, err = decodeEvents(out, b); err != nil {
+				return err
+			}
+		case "data_parallel_rank":
+			if out.DPRank, b, err = readRank(b); err != nil {
+				return envErr("data_parallel_rank", err)
+			}
+		default:
+			if b, err = msgp.Skip(b); err != nil {
+				return envErr(string(key), err)
+			}
+		}
+	}
+	switch {
+	case seen&1 == 0:
+		return envErr("ts", errors.New("missing"))
+	case seen&2 == 0:
+		return envErr("events", errors.New("missing"))
+	}
+	return first
+}
+
+// readTS reads the envelope's timestamp: a float, or an integer.
+func readTS(b []byte) (float64, []byte, error) {
+	switch msgp.NextType(b) {
+	case msgp.Float64Type, msgp.Float32Type:
+		return msgp.ReadFloat64Bytes(b)
+	case msgp.IntType, msgp.UintType:
+		i, rest, err := msgp.ReadInt64Bytes(b)
+		return float64(i), rest, err
+	}
+	return 0, nil, fmt.Errorf("want a number, got %v", msgp.NextType(b))
+}
+
+// readRank reads the envelope's rank: nil, or 0 to kvevent.MaxDPRank.
+func readRank(b []byte) (*int, []byte, error) {
+	if msgp.IsNil(b) {
+		b, err := msgp.ReadNilBytes(b)
+		return nil, b, err
+	}
+	r, b, err := msgp.ReadInt64Bytes(b)
+	if err == nil && (r < 0 || r > int64(kvevent.MaxDPRank)) {
+		err = fmt.Errorf("%d out of range [0, %d]", r, kvevent.MaxDPRank)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	rank := int(r)
+	return &rank, b, nil
+}
+
+// decodeEvents decodes the events array into out.Events. An event that
+// does not decode is kept with its Err (first reports the first such);
+// err is for what loses the batch: a bad array, or an event whose end
+// msgp.Skip cannot find.
+func decodeEvents(out *Batch, b []byte) (rest []byte, first, err error) {
+	ne, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return nil, nil, envErr("events", err)
+	}
+	if int(ne) > len(b) {
+		return nil, nil, envErr("events", msgp.ErrShortBytes)
+	}
+	if ne > MaxBatchEvents {
+		return nil, nil, envErr("events", fmt.Errorf("%d events, more than %d in one batch", ne, MaxBatchEvents))
+	}
+	out.Events = make([]Event, ne)
+	for i := range out.Events {
+		next, derr := decodeEvent(&out.Events[i], b, i)
+		if derr == nil {
+			b = next
+			continue
+		}
+		// Only now look for the event's end: the happy path walks each
+		// event once.
+		if next, err = msgp.Skip(b); err != nil {
+			return nil, nil, derr
+		}
+		out.Events[i] = Event{Err: derr}
+		if first == nil {
+			first = fmt.Errorf("%w: %w", ErrBadEvents, derr)
+		}
+		b = next
+	}
+	return b, first, nil
 }
 
 func evErr(i int, field string, err error) error {
@@ -187,7 +288,11 @@ func decodeEvent(ev *Event, b []byte, i int) ([]byte, error) {
 		}
 		for k := 1; k < int(n); k++ {
 			if k-1 < len(names) {
-				rest, err = ev.field(names[k-1], rest, i)
+				name := names[k-1]
+				if name == "lora_name" && msgp.NextType(rest) == msgp.MapType {
+					name = "metadata" // SGLang's BlockStoredWithMetadata
+				}
+				rest, err = ev.field(name, rest, i)
 			} else {
 				rest, err = msgp.Skip(rest)
 			}
@@ -251,7 +356,7 @@ func decodeEvent(ev *Event, b []byte, i int) ([]byte, error) {
 	return nil, evErr(i, "event", fmt.Errorf("want an array or a map, got %v", msgp.NextType(b)))
 }
 
-var fieldNames = []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"}
+var fieldNames = []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "cache_salt", "locality"}
 
 // fieldName returns the known field name equal to key, or "" (skipped).
 func fieldName(key []byte) string {
@@ -306,11 +411,42 @@ func (ev *Event) field(name string, b []byte, i int) ([]byte, error) {
 		ev.LoRAName, b, err = readOptStr(b, nil)
 	case "kv_cache_spec_kind":
 		ev.KVCacheSpecKind, b, err = readOptStr(b, internMedium)
+	case "cache_salt":
+		ev.CacheSalt, b, err = readOptStr(b, nil)
+	case "locality":
+		ev.Locality, b, err = readOptStr(b, internMedium)
+	case "metadata":
+		b, err = ev.metadata(b, i)
+		return b, err
 	default:
 		b, err = msgp.Skip(b)
 	}
 	if err != nil {
 		return nil, evErr(i, name, err)
+	}
+	return b, nil
+}
+
+// metadata reads SGLang's metadata map ({"cache_salt": str}, other keys
+// skipped).
+func (ev *Event) metadata(b []byte, i int) ([]byte, error) {
+	n, b, err := msgp.ReadMapHeaderBytes(b)
+	if err != nil {
+		return nil, evErr(i, "metadata", err)
+	}
+	for range n {
+		var key []byte
+		if key, b, err = readStr(b); err != nil {
+			return nil, evErr(i, "metadata", err)
+		}
+		if string(key) == "cache_salt" {
+			ev.CacheSalt, b, err = readOptStr(b, nil)
+		} else {
+			b, err = msgp.Skip(b)
+		}
+		if err != nil {
+			return nil, evErr(i, "metadata."+string(key), err)
+		}
 	}
 	return b, nil
 }
@@ -347,7 +483,7 @@ func internType(s []byte) string {
 	return string(s)
 }
 
-var knownStrings = []string{"GPU", "CPU", "DEVICE", "CPU_PINNED", "CPU_TIER1", "CPU_TIER2", "DISK", "NVME", "STORAGE", "EXTERNAL", "NETWORK", "REMOTE", "SHARED", "full_attention", "sliding_window", "mla_attention"}
+var knownStrings = []string{"LOCAL", "GPU", "CPU", "DEVICE", "CPU_PINNED", "CPU_TIER1", "CPU_TIER2", "DISK", "NVME", "STORAGE", "EXTERNAL", "NETWORK", "REMOTE", "SHARED", "full_attention", "sliding_window", "mla_attention"}
 
 func internMedium(s []byte) string {
 	for _, t := range knownStrings {

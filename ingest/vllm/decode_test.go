@@ -83,6 +83,90 @@ func TestHandmadeVectors(t *testing.T) {
 	}
 }
 
+// The vectors of the newer shapes decode to these batches (an event's Err
+// is compared by its field), and the encoder writes the first three back
+// byte for byte.
+func TestNewerShapes(t *testing.T) {
+	raw, err := os.ReadFile("testdata/newer-shapes.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Vectors []vector `json:"vectors"`
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		t.Fatal(err)
+	}
+	cleared := Event{Type: AllBlocksCleared}
+	want := map[string]struct {
+		events []Event
+		enc    Encoding
+		badAt  string // the field an ErrBadEvents error names
+	}{
+		"map_envelope":         {[]Event{cleared}, MapEnvelopeEncoding, ""},
+		"sglang_salted_stored": {[]Event{{Type: BlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", CacheSalt: "s1"}}, ArrayEncoding, ""},
+		"map_remote_removed":   {[]Event{{Type: BlockRemoved, BlockHashes: []uint64{5}, Medium: "GPU", Locality: "REMOTE"}}, MapEncoding, ""},
+		"one_bad_event":        {[]Event{cleared, {}, cleared}, ArrayEncoding, "block_hashes[0]"},
+	}
+	if len(f.Vectors) != len(want) {
+		t.Fatalf("%d vectors, want %d", len(f.Vectors), len(want))
+	}
+	for _, v := range f.Vectors {
+		w, ok := want[v.Name]
+		if !ok {
+			t.Fatalf("vector %q unknown", v.Name)
+		}
+		b, err := DecodeBatch(mustHex(v.BatchHex))
+		var de *DecodeError
+		switch {
+		case w.badAt == "" && err != nil:
+			t.Fatalf("%s: %v", v.Name, err)
+		case w.badAt != "" && (!errors.Is(err, ErrBadEvents) || !errors.As(err, &de) || de.Field != w.badAt):
+			t.Fatalf("%s: error %v, want ErrBadEvents at %s", v.Name, err, w.badAt)
+		}
+		if b.TS != 1.5 || b.DPRank == nil || *b.DPRank != 0 || len(b.Events) != len(w.events) {
+			t.Fatalf("%s: envelope %+v", v.Name, b)
+		}
+		for i, ev := range b.Events {
+			if (ev.Err != nil) != (w.badAt != "" && i == 1) {
+				t.Fatalf("%s: event %d error %v", v.Name, i, ev.Err)
+			}
+			ev.Err = nil
+			if !reflect.DeepEqual(ev, w.events[i]) {
+				t.Fatalf("%s: event %d\n%+v\nwant\n%+v", v.Name, i, ev, w.events[i])
+			}
+		}
+		if w.badAt == "" {
+			if got := hex.EncodeToString(AppendBatch(nil, &b, w.enc)); got != v.BatchHex {
+				t.Fatalf("%s: encoded\n%s\nwant\n%s", v.Name, got, v.BatchHex)
+			}
+		}
+	}
+}
+
+// The converter drops REMOTE events and events that did not decode,
+// counting each, and hashes a salted store apart from the same tokens
+// unsalted.
+func TestConvertNewerShapes(t *testing.T) {
+	c := NewConverter(1, 2)
+	stored := Event{Type: BlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2}, BlockSize: 2}
+	salted := stored
+	salted.BlockHashes, salted.CacheSalt = []uint64{6}, "s1"
+	remote := Event{Type: BlockRemoved, BlockHashes: []uint64{5}, Locality: "REMOTE"}
+	local := Event{Type: BlockRemoved, BlockHashes: []uint64{5}, Locality: "LOCAL"}
+	out := c.Convert(nil, &Batch{Events: []Event{stored, salted, remote, {Err: errors.New("bad")}, local}})
+	if len(out) != 3 {
+		t.Fatalf("%d events out, want 3: %+v", len(out), out)
+	}
+	plain, withSalt := out[0].Event.Data.(kvevent.Stored), out[1].Event.Data.(kvevent.Stored)
+	if plain.Blocks[0].TokensHash == withSalt.Blocks[0].TokensHash {
+		t.Fatal("a salted block hashes as the same tokens unsalted")
+	}
+	if st := c.Stats(); st.Remote != 1 || st.Undecodable != 1 || st.Rejected() != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
 func mustHex(s string) []byte {
 	b, err := hex.DecodeString(strings.ReplaceAll(s, " ", ""))
 	if err != nil {
@@ -105,7 +189,7 @@ func TestDecodeVariants(t *testing.T) {
 			Batch{TS: 5, Events: []Event{{Type: BlockRemoved, BlockHashes: []uint64{0x0102030405060708, 0x0102}}}}},
 		{"map with unknown keys, lora name and wide token ids",
 			"93 cb3ff8000000000000 91 86 a474797065 ab426c6f636b53746f726564 a86c6f63616c697479 a3677075 ac626c6f636b5f686173686573 91 07 a9746f6b656e5f696473 92 ce00010000 cd0100 aa626c6f636b5f73697a65 02 a96c6f72615f6e616d65 a3616263 01",
-			Batch{TS: 1.5, DPRank: ptr(1), Events: []Event{{Type: BlockStored, BlockHashes: []uint64{7}, TokenIDs: []uint32{65536, 256}, BlockSize: 2, LoRAName: "abc"}}}},
+			Batch{TS: 1.5, DPRank: ptr(1), Events: []Event{{Type: BlockStored, BlockHashes: []uint64{7}, TokenIDs: []uint32{65536, 256}, BlockSize: 2, LoRAName: "abc", Locality: "gpu"}}}},
 		{"array event with extra trailing elements, unknown event type kept",
 			"93 cb3ff8000000000000 92 95 ac426c6f636b52656d6f766564 91 01 a3435055 03 a178 92 a64e6577457665 01 00",
 			Batch{TS: 1.5, DPRank: ptr(0), Events: []Event{{Type: BlockRemoved, BlockHashes: []uint64{1}, Medium: "CPU", GroupIdx: 3}, {Type: "NewEve"}}}},
@@ -166,16 +250,41 @@ func FuzzDecodeBatch(f *testing.F) {
 		if err != nil {
 			return
 		}
-		for _, enc := range []Encoding{ArrayEncoding, MapEncoding} {
+		for _, enc := range []Encoding{ArrayEncoding, MapEncoding, MapEnvelopeEncoding} {
 			again, err := DecodeBatch(AppendBatch(nil, &b, enc))
 			if err != nil {
 				t.Fatalf("%v re-decode: %v", enc, err)
 			}
-			if !sameBatch(b, again) {
-				t.Fatalf("%v round trip:\n%+v\n%+v", enc, b, again)
+			if want := carried(b, enc); !sameBatch(want, again) {
+				t.Fatalf("%v round trip:\n%+v\n%+v", enc, want, again)
 			}
 		}
 	})
+}
+
+// carried returns b as enc carries it: the array encoding has no locality,
+// and a salt only on a store without a LoRA name (SGLang's metadata map,
+// which has no group or cache spec); map events carry a salt only on
+// stores.
+func carried(b Batch, enc Encoding) Batch {
+	evs := make([]Event, len(b.Events))
+	for i, ev := range b.Events {
+		if ev.Type != BlockStored {
+			ev.CacheSalt = ""
+		}
+		if enc == ArrayEncoding {
+			ev.Locality = ""
+			switch {
+			case ev.LoRAName != "":
+				ev.CacheSalt = ""
+			case ev.CacheSalt != "":
+				ev.GroupIdx, ev.KVCacheSpecKind = 0, ""
+			}
+		}
+		evs[i] = ev
+	}
+	b.Events = evs
+	return b
 }
 
 // sameBatch compares batches as the encoder can reproduce them: unknown
@@ -192,7 +301,7 @@ func sameBatch(a, b Batch) bool {
 		if x.Type != BlockStored {
 			x.ParentBlockHash, x.TokenIDs, x.BlockSize, x.LoRAName, x.KVCacheSpecKind = nil, nil, 0, "", ""
 			if x.Type != BlockRemoved {
-				x.BlockHashes, x.Medium, x.GroupIdx = nil, "", 0
+				x.BlockHashes, x.Medium, x.GroupIdx, x.Locality = nil, "", 0, ""
 			}
 		}
 		if len(x.BlockHashes) == 0 {

@@ -83,10 +83,16 @@ type Loss struct {
 	Worker      kvevent.WorkerID
 	Address     string
 	First, Last uint64 // sequence numbers, inclusive
-	Reason      string
+	// Events, if not 0, is how many events of batch First did not
+	// decode: the batch's other events were applied.
+	Events int
+	Reason string
 }
 
 func (l Loss) String() string {
+	if l.Events > 0 {
+		return fmt.Sprintf("worker %d (%s): batch %d: %d events lost, the others applied: %s", l.Worker, l.Address, l.First, l.Events, l.Reason)
+	}
 	return fmt.Sprintf("worker %d (%s): lost batches %d..%d: %s", l.Worker, l.Address, l.First, l.Last, l.Reason)
 }
 
@@ -550,7 +556,11 @@ func (s *Subscriber) lose(e *endpoint, first, last uint64, reason string) {
 		n = ^uint64(0) // the whole range of uint64
 	}
 	addSat(&s.c.batchesLost, n)
-	l := Loss{Worker: e.cfg.Worker, Address: e.cfg.Address, First: first, Last: last, Reason: reason}
+	s.report(Loss{Worker: e.cfg.Worker, Address: e.cfg.Address, First: first, Last: last, Reason: reason})
+}
+
+// report keeps a loss among the recent ones and tells OnLoss.
+func (s *Subscriber) report(l Loss) {
 	s.mu.Lock()
 	if len(s.losses) == 64 {
 		s.losses = s.losses[1:]
@@ -560,6 +570,17 @@ func (s *Subscriber) lose(e *endpoint, first, last uint64, reason string) {
 	if s.cfg.OnLoss != nil {
 		s.cfg.OnLoss(l)
 	}
+}
+
+// badEvents counts the events of b that did not decode.
+func badEvents(b *Batch) int {
+	n := 0
+	for i := range b.Events {
+		if b.Events[i].Err != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // applied is a batch applied: its sequence and payload hash.
@@ -693,7 +714,11 @@ func (s *Subscriber) applyBatch(e *endpoint, seq uint64, payload []byte) {
 	e.recent[seq%uint64(len(e.recent))] = applied{seq: seq, hash: xxh3.Hash(payload), set: true}
 	e.lastSeq.Store(seq + 1)
 	b, err := DecodeBatch(payload)
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrBadEvents):
+		// The batch stands; the converter counts its bad events.
+		s.report(Loss{Worker: e.cfg.Worker, Address: e.cfg.Address, First: seq, Last: seq, Events: badEvents(&b), Reason: err.Error()})
+	case err != nil:
 		s.c.decodeErrs.Add(1)
 		s.lose(e, seq, seq, err.Error())
 		return
