@@ -163,3 +163,59 @@ func TestEnginesOfToday(t *testing.T) {
 		})
 	}
 }
+
+// An engine registered as rank 3 whose batches name no rank is rank 3
+// (it landed on rank 0), and unregistering it removes every rank its
+// batches wrote (one that named rank 5 kept scoring there), but not a rank
+// another engine of the instance is registered as.
+func TestRanksOfAnEngine(t *testing.T) {
+	svc := serve.New(serve.Config{})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	prompt := tokens(bs, 900)
+	publish := func(rank *int, registerAs int) *vllm.Publisher {
+		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m", DPRank: rank})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pub.Close() })
+		if err := svc.Register(serve.Registration{InstanceID: 4, Endpoint: pub.Addr(), ModelName: "m", BlockSize: bs, DPRank: registerAs}); err != nil {
+			t.Fatal(err)
+		}
+		return pub
+	}
+	scores := func() map[string]uint64 {
+		var got serve.Scores
+		post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: "m"}, &got)
+		return got.Scores["4"]
+	}
+	stored := func(h uint64) []vllm.Event {
+		return []vllm.Event{{Type: vllm.BlockStored, BlockHashes: []uint64{h}, TokenIDs: prompt, BlockSize: bs, Medium: "GPU"}}
+	}
+	silent := publish(nil, 3) // names no rank: rank 3
+	five := 5                 // registered as 6, names 5
+	misnamed := publish(&five, 6)
+	zero := 0
+	other := publish(&zero, 0) // rank 0, registered as such
+	testwait.For(t, "the three engines' blocks", func() bool {
+		silent.Publish(stored(1))
+		misnamed.Publish(stored(2))
+		other.Publish(stored(3))
+		s := scores()
+		return s["3"] == bs && s["5"] == bs && s["0"] == bs
+	})
+	if s := scores(); len(s) != 3 {
+		t.Fatalf("scores %v: a rank too many", s)
+	}
+	for _, rank := range []int{3, 6} {
+		r := rank
+		if code := post(t, ts.URL+"/unregister", serve.Unregistration{InstanceID: 4, ModelName: "m", DPRank: &r}, nil); code != 200 {
+			t.Fatalf("unregister rank %d: %d", rank, code)
+		}
+	}
+	testwait.For(t, "ranks 3 and 5 to leave, rank 0 to stay", func() bool {
+		s := scores()
+		return len(s) == 1 && s["0"] == bs
+	})
+}

@@ -274,7 +274,7 @@ func (s *Service) subscribe(r Registration, resumeAt uint64) error {
 	defer s.dialing.Done()
 	cfg := s.cfg.Subscriber
 	cfg.BlockSize = r.BlockSize
-	sub, err := vllm.NewSubscriberContext(s.ctx, idx.sink, cfg, vllm.Endpoint{Worker: key.instance, Address: r.Endpoint, Replay: r.ReplayEndpoint, ResumeAt: resumeAt})
+	sub, err := vllm.NewSubscriberContext(s.ctx, idx.sink, cfg, vllm.Endpoint{Worker: key.instance, Address: r.Endpoint, Replay: r.ReplayEndpoint, ResumeAt: resumeAt, DPRank: kvevent.DPRank(r.DPRank)})
 	if err != nil {
 		err = fmt.Errorf("%w: %v", ErrUnreachable, err)
 	}
@@ -417,12 +417,26 @@ func (s *Service) Unregister(u Unregistration) error {
 	var err error
 	for _, g := range gone {
 		_ = g.inst.sub.Close()
-		// The rank's blocks leave: a Cleared event of that rank, after
-		// whatever its subscriber queued.
-		err = errors.Join(err, g.idx.sink.ApplyEvent(kvevent.RouterEvent{WorkerID: g.key.instance,
-			Event: kvevent.Event{DPRank: kvevent.DPRank(g.key.rank), Data: kvevent.Cleared{}}}))
+		// The blocks of every rank the engine wrote leave (its batches may
+		// name ranks other than the one registered): a Cleared event of
+		// each, after whatever its subscriber queued.
+		for _, rank := range g.inst.sub.Ranks() {
+			if s.registered(instanceKey{g.key.modelKey, g.key.instance, int(rank)}) {
+				continue // another engine's, still registered
+			}
+			err = errors.Join(err, g.idx.sink.ApplyEvent(kvevent.RouterEvent{WorkerID: g.key.instance,
+				Event: kvevent.Event{DPRank: rank, Data: kvevent.Cleared{}}}))
+		}
 	}
 	return err
+}
+
+// registered reports whether an engine is registered as key.
+func (s *Service) registered(key instanceKey) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.instances[key]
+	return ok
 }
 
 // Worker is one instance in GET /workers.

@@ -54,6 +54,7 @@ func (s ConvertStats) Rejected() uint64 {
 type Converter struct {
 	Worker    kvevent.WorkerID
 	BlockSize int
+	Rank      kvevent.DPRank // the rank of batches that name none
 	next      uint64
 	c         struct {
 		stored, removed, cleared, size, tokens, group, unknown, rank, undecodable, remote atomic.Uint64
@@ -75,9 +76,10 @@ func (c *Converter) Stats() ConvertStats {
 }
 
 // Convert appends the router events of b to dst. The batch's data-parallel
-// rank becomes each event's rank; AllBlocksCleared becomes Cleared.
+// rank (c.Rank if it names none) becomes each event's rank;
+// AllBlocksCleared becomes Cleared.
 func (c *Converter) Convert(dst []kvevent.RouterEvent, b *Batch) []kvevent.RouterEvent {
-	var rank kvevent.DPRank
+	rank := c.Rank
 	if b.DPRank != nil {
 		if *b.DPRank < 0 {
 			c.c.rank.Add(1)

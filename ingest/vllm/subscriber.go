@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,9 @@ type Endpoint struct {
 	// holds that far back, the worker's blocks are cleared (stale, they
 	// cannot be trusted) and counted (ResumesCleared).
 	ResumeAt uint64
+	// DPRank is the rank the engine was registered as: a batch whose
+	// envelope names no rank is that rank's.
+	DPRank kvevent.DPRank
 }
 
 // SubscriberConfig configures a Subscriber.
@@ -171,6 +175,9 @@ type endpoint struct {
 	holes    bool         // the current repair lost batches
 	rank     kvevent.DPRank
 	resuming bool // ResumeAt was given and no message has come yet
+
+	ranksMu  sync.Mutex
+	ranks    map[kvevent.DPRank]bool // the registered rank, and every rank its batches named
 	scratch  []kvevent.RouterEvent
 	lastSeq  atomic.Uint64 // last sequence applied, plus one (0 = none)
 	lastRecv atomic.Int64  // when the last message was received, Unix ns (0 = none)
@@ -236,7 +243,7 @@ func NewSubscriberContext(ctx context.Context, idx Sink, cfg SubscriberConfig, e
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Subscriber{idx: idx, cfg: cfg, ctx: ctx, cancel: cancel, guard: g, replayGuard: rg}
 	for _, ep := range eps {
-		e := &endpoint{cfg: ep, conv: NewConverter(ep.Worker, cfg.BlockSize), msgs: make(chan zmq4.Msg, 1<<12), flushes: make(chan chan struct{}), holds: make(chan chan struct{}), stopped: make(chan struct{})}
+		e := &endpoint{cfg: ep, conv: &Converter{Worker: ep.Worker, BlockSize: cfg.BlockSize, Rank: ep.DPRank}, rank: ep.DPRank, ranks: map[kvevent.DPRank]bool{ep.DPRank: true}, msgs: make(chan zmq4.Msg, 1<<12), flushes: make(chan chan struct{}), holds: make(chan chan struct{}), stopped: make(chan struct{})}
 		if ep.ResumeAt > 0 {
 			e.expected, e.resuming = ep.ResumeAt, true
 			e.lastSeq.Store(ep.ResumeAt)
@@ -725,6 +732,11 @@ func (s *Subscriber) applyBatch(e *endpoint, seq uint64, payload []byte) {
 	}
 	if b.DPRank != nil && *b.DPRank >= 0 {
 		e.rank = kvevent.DPRank(*b.DPRank)
+		if !e.ranks[e.rank] {
+			e.ranksMu.Lock()
+			e.ranks[e.rank] = true
+			e.ranksMu.Unlock()
+		}
 	}
 	e.scratch = e.conv.Convert(e.scratch[:0], &b)
 	s.apply(e, e.scratch)
@@ -751,6 +763,24 @@ func (s *Subscriber) Received() []uint64 {
 	for i, e := range s.eps {
 		out[i] = e.lastSeq.Load()
 	}
+	return out
+}
+
+// Ranks returns every rank the endpoints' events were applied as: the
+// registered ones, and every rank their batches named. Unregistering an
+// engine removes them all.
+func (s *Subscriber) Ranks() []kvevent.DPRank {
+	var out []kvevent.DPRank
+	for _, e := range s.eps {
+		e.ranksMu.Lock()
+		for r := range e.ranks {
+			if !slices.Contains(out, r) {
+				out = append(out, r)
+			}
+		}
+		e.ranksMu.Unlock()
+	}
+	slices.Sort(out)
 	return out
 }
 
