@@ -1,10 +1,14 @@
 package serve_test
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -218,4 +222,142 @@ func TestRanksOfAnEngine(t *testing.T) {
 		s := scores()
 		return len(s) == 1 && s["0"] == bs
 	})
+}
+
+// stateWithTwoModels saves a state holding two models' indexes (two
+// snapshots) and their engines, and returns its directory.
+func stateWithTwoModels(t *testing.T) string {
+	dir := t.TempDir()
+	svc := serve.New(serve.Config{StateDir: dir})
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	for i, model := range []string{"a", "b"} {
+		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pub.Close()
+		if err := svc.Register(serve.Registration{InstanceID: uint64(10 + i), Endpoint: pub.Addr(), ModelName: model, BlockSize: bs}); err != nil {
+			t.Fatal(err)
+		}
+		prompt := tokens(bs*(1+i), 300)
+		hashes := []uint64{uint64(50 + i), uint64(60 + i)}[:1+i]
+		testwait.For(t, "model "+model+" indexed", func() bool {
+			pub.Publish([]vllm.Event{{Type: vllm.BlockStored, BlockHashes: hashes, TokenIDs: prompt, BlockSize: bs, Medium: "GPU"}})
+			var got serve.Scores
+			post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: model}, &got)
+			return got.Scores[fmt.Sprint(10+i)]["0"] == uint64(len(prompt))
+		})
+	}
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// copyDir copies the state directory's files.
+func copyDir(t *testing.T, from string) string {
+	to := t.TempDir()
+	entries, err := os.ReadDir(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(from, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(to, e.Name()), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return to
+}
+
+// recoverFrom starts a service on dir and recovers, returning what it
+// brought back and its error; the service is closed.
+func recoverFrom(t *testing.T, dir string) (serve.Recovered, error) {
+	svc := serve.New(serve.Config{StateDir: dir})
+	defer svc.Close()
+	return svc.Recover()
+}
+
+// The state is checked whole: of a single-bit flip in every byte of
+// state.json, none loads (283 of 1,023 loaded as another model, tenant, instance, resume
+// point or file); two snapshots swapped are refused (they loaded under
+// each other's model); a refused state is set aside where no save deletes
+// it (the next periodic save did), and snapshots with no state.json are
+// reported, not silently dropped.
+func TestStateIsCheckedWhole(t *testing.T) {
+	good := stateWithTwoModels(t)
+	if rec, err := recoverFrom(t, copyDir(t, good)); err != nil || rec.Indexes != 2 {
+		t.Fatalf("the good state: %+v %v", rec, err)
+	}
+	state, err := os.ReadFile(filepath.Join(good, "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := copyDir(t, good)
+	for i := range state {
+		flipped := bytes.Clone(state)
+		flipped[i] ^= 1 << (i % 8) // one bit of every byte, each bit in turn
+		if err := os.WriteFile(filepath.Join(dir, "state.json"), flipped, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if rec, err := recoverFrom(t, dir); err == nil || rec.Indexes > 0 {
+			t.Fatalf("bit %d of state.json flipped: recovered %+v", i, rec)
+		}
+		// The refused state went aside: put the snapshots back.
+		aside, _ := filepath.Glob(filepath.Join(dir, "refused-*"))
+		if len(aside) != 1 {
+			t.Fatalf("bit %d of state.json flipped: set aside in %v", i, aside)
+		}
+		refused, _ := filepath.Glob(filepath.Join(aside[0], "index-*"))
+		for _, f := range refused {
+			if err := os.Rename(f, filepath.Join(dir, filepath.Base(f))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		os.RemoveAll(aside[0])
+	}
+
+	swapped := copyDir(t, good)
+	snaps, _ := filepath.Glob(filepath.Join(swapped, "index-*.snap"))
+	if len(snaps) != 2 {
+		t.Fatalf("snapshots %v", snaps)
+	}
+	tmp := snaps[0] + ".x"
+	for _, mv := range [][2]string{{snaps[0], tmp}, {snaps[1], snaps[0]}, {tmp, snaps[1]}} {
+		if err := os.Rename(mv[0], mv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rec, err := recoverFrom(t, swapped); err == nil || rec.Indexes > 0 {
+		t.Fatalf("swapped snapshots: recovered %+v", rec)
+	}
+
+	// Refused, then saved over: the refused files stay where the error
+	// said.
+	bad := copyDir(t, good)
+	if err := os.WriteFile(filepath.Join(bad, "state.json"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	svc := serve.New(serve.Config{StateDir: bad})
+	_, err = svc.Recover()
+	if err == nil || !strings.Contains(err.Error(), "kept in") {
+		t.Fatalf("a broken state.json: %v, want it refused and set aside", err)
+	}
+	if err := svc.Save(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	svc.Close()
+	if kept, _ := filepath.Glob(filepath.Join(bad, "refused-*", "index-*.snap")); len(kept) != 2 {
+		t.Fatalf("after a save, the refused snapshots kept: %v", kept)
+	}
+
+	orphans := copyDir(t, good)
+	os.Remove(filepath.Join(orphans, "state.json"))
+	if _, err := recoverFrom(t, orphans); err == nil || !strings.Contains(err.Error(), "without a state.json") {
+		t.Fatalf("snapshots without state.json: %v, want a warning", err)
+	}
 }

@@ -1,7 +1,10 @@
 package serve
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,9 +26,15 @@ import (
 // replaced the same way, and only then are the previous generation's files
 // removed. A crash at any point leaves a stateFile naming one whole
 // generation.
+//
+// stateFile is checked whole: its checksum is the SHA-256 of the file
+// written with an empty checksum, and it names each snapshot's SHA-256, so
+// a flipped byte anywhere, or two snapshots swapped, is refused rather than
+// loaded as another model, tenant, instance or resume point. A refused
+// state is moved aside (refusedDir) before anything can overwrite it.
 const (
 	stateFile    = "state.json"
-	stateVersion = 1
+	stateVersion = 2 // 1: before checksums, still read
 )
 
 type savedState struct {
@@ -33,6 +42,7 @@ type savedState struct {
 	Generation uint64          `json:"generation"`
 	Indexes    []savedIndex    `json:"indexes"`
 	Instances  []savedInstance `json:"instances"`
+	Checksum   string          `json:"checksum,omitempty"` // version 2
 }
 
 type savedIndex struct {
@@ -40,6 +50,93 @@ type savedIndex struct {
 	Tenant    string `json:"tenant_id"`
 	BlockSize int    `json:"block_size"`
 	File      string `json:"file"`
+	SHA256    string `json:"sha256,omitempty"` // of File; version 2
+}
+
+// sealed returns st as stateFile holds it: with its checksum.
+func sealed(st savedState) ([]byte, error) {
+	st.Checksum = ""
+	data, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	st.Checksum = digest(data)
+	return json.MarshalIndent(st, "", "  ")
+}
+
+func digest(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// readState reads and checks stateFile: (nil, nil) if there is none.
+func (s *Service) readState() (*savedState, error) {
+	data, err := os.ReadFile(filepath.Join(s.cfg.StateDir, stateFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("serve: state: %w", err)
+	}
+	var st savedState
+	if err := json.Unmarshal(data, &st); err != nil {
+		return nil, fmt.Errorf("serve: state %s: %w", stateFile, err)
+	}
+	switch {
+	case st.Version == 1 && st.Checksum == "":
+		// Written before checksums: read as it is.
+	case st.Version != stateVersion:
+		return nil, fmt.Errorf("serve: state %s: version %d, this reads %d", stateFile, st.Version, stateVersion)
+	default:
+		again, err := sealed(st)
+		if err != nil || !bytes.Equal(again, data) {
+			return nil, fmt.Errorf("serve: state %s: checksum mismatch: the file is corrupt", stateFile)
+		}
+	}
+	return &st, nil
+}
+
+// setAside moves stateFile and the snapshots into a new directory of
+// StateDir's, which saves never touch, and returns it ("" if there was
+// nothing to move).
+func (s *Service) setAside() (string, error) {
+	dir := filepath.Join(s.cfg.StateDir, fmt.Sprintf("refused-%d", time.Now().UnixNano()))
+	entries, err := os.ReadDir(s.cfg.StateDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	moved := ""
+	for _, e := range entries {
+		name := e.Name()
+		if name != stateFile && !strings.HasPrefix(name, "index-") {
+			continue
+		}
+		if moved == "" {
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				return "", err
+			}
+			moved = dir
+		}
+		if err := os.Rename(filepath.Join(s.cfg.StateDir, name), filepath.Join(dir, name)); err != nil {
+			return moved, err
+		}
+	}
+	return moved, nil
+}
+
+// refuse sets the state aside and returns why it was refused, and where
+// it went.
+func (s *Service) refuse(why error) error {
+	switch dir, err := s.setAside(); {
+	case err != nil:
+		return fmt.Errorf("%w (setting its files aside failed: %v)", why, err)
+	case dir != "":
+		return fmt.Errorf("%w; its files are kept in %s", why, dir)
+	}
+	return why
 }
 
 type savedInstance struct {
@@ -71,19 +168,17 @@ func (s *Service) Recover() (Recovered, error) {
 	if s.cfg.StateDir == "" {
 		return rec, nil
 	}
-	data, err := os.ReadFile(filepath.Join(s.cfg.StateDir, stateFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return rec, nil
-	}
+	st, err := s.readState()
 	if err != nil {
-		return rec, fmt.Errorf("serve: state: %w", err)
+		return rec, s.refuse(err)
 	}
-	var st savedState
-	if err := json.Unmarshal(data, &st); err != nil {
-		return rec, fmt.Errorf("serve: state %s: %w", stateFile, err)
-	}
-	if st.Version != stateVersion {
-		return rec, fmt.Errorf("serve: state %s: version %d, this reads %d", stateFile, st.Version, stateVersion)
+	if st == nil {
+		// Snapshots whose registry is gone cannot be told apart: starting
+		// empty is right, silently is not.
+		if dir, err := s.setAside(); dir != "" || err != nil {
+			return rec, fmt.Errorf("serve: snapshots without a %s (no registry to say whose they are): starting empty; kept in %q (%v)", stateFile, dir, err)
+		}
+		return rec, nil
 	}
 	if s.bus != nil && len(st.Indexes) > 0 {
 		return rec, fmt.Errorf("serve: state %s holds indexes saved off the bus: start without the bus, or without the state", stateFile)
@@ -95,10 +190,10 @@ func (s *Service) Recover() (Recovered, error) {
 		}
 	}
 	for _, si := range st.Indexes {
-		idx, err := s.loadIndex(si)
+		idx, err := s.loadIndex(si, st.Version)
 		if err != nil {
 			closeAll()
-			return Recovered{}, err
+			return Recovered{}, s.refuse(err)
 		}
 		indexes[modelKey{si.Model, si.Tenant}] = idx
 		rec.Indexes++
@@ -122,11 +217,15 @@ func (s *Service) Recover() (Recovered, error) {
 	return rec, nil
 }
 
-// loadIndex restores one index from its checked snapshot.
-func (s *Service) loadIndex(si savedIndex) (*index, error) {
+// loadIndex restores one index from its checked snapshot, which must be
+// the one the state names (version 2: its SHA-256).
+func (s *Service) loadIndex(si savedIndex, version int) (*index, error) {
 	data, err := os.ReadFile(filepath.Join(s.cfg.StateDir, filepath.Base(si.File)))
 	if err != nil {
 		return nil, fmt.Errorf("serve: state of %s:%s: %w", si.Model, si.Tenant, err)
+	}
+	if version >= 2 && digest(data) != si.SHA256 {
+		return nil, fmt.Errorf("serve: state of %s:%s: %s is corrupt, or not the snapshot the state names (its SHA-256 differs)", si.Model, si.Tenant, si.File)
 	}
 	pool := newPool(s.cfg.Lanes, si.BlockSize, s.cfg.Tiers)
 	_, bs, err := cluster.DecodeSnapshot(data, pool.ApplyEvent)
@@ -250,12 +349,12 @@ func (s *Service) write(snaps map[modelKey][]byte, resumeAt map[instanceKey]uint
 			return err
 		}
 		keep[file] = true
-		st.Indexes = append(st.Indexes, savedIndex{Model: k.model, Tenant: k.tenant, BlockSize: s.indexes[k].blockSize, File: file})
+		st.Indexes = append(st.Indexes, savedIndex{Model: k.model, Tenant: k.tenant, BlockSize: s.indexes[k].blockSize, File: file, SHA256: digest(snap)})
 	}
 	for k, inst := range s.instances {
 		st.Instances = append(st.Instances, savedInstance{Registration: inst.reg, ResumeAt: resumeAt[k]})
 	}
-	data, err := json.MarshalIndent(st, "", "  ")
+	data, err := sealed(st)
 	if err != nil {
 		return err
 	}

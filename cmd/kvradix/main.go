@@ -35,7 +35,7 @@ func main() {
 
 // run is the whole program: a function of its arguments and writers; stop
 // delivers SIGINT and SIGTERM, which shut the service down gracefully.
-func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
+func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err error) {
 	if len(args) == 0 || args[0] != "serve" {
 		fmt.Fprintln(stderr, "usage: kvradix serve [flags]   (kvradix serve -h lists them)")
 		return errors.New("want a command: serve")
@@ -54,6 +54,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 	saveEvery := fs.Duration("save-every", time.Minute, "with -state, how often to save while serving (0: on shutdown only)")
 	natsURL := fs.String("nats", "", "follow a NATS JetStream bus, so that replicas serve the same indexes: its URL, or \"embedded\" to start one (in -state DIR/nats, or a temporary directory)")
 	natsCreds := fs.String("nats-creds", "", "a .creds file (JWT and nkey seed) for -nats")
+	grace := fs.Duration("shutdown-grace", 10*time.Second, "on SIGTERM, how long requests in flight may take before their connections are cut")
 	tiers := fs.Bool("tiers", false, "keep every tier (host, disk, external): queries answer tier_scores, /route weighs blocks by tier (default: the device only)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -69,6 +70,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 		{*ttl >= serve.MinRequestTTL, "ttl", *ttl, fmt.Sprintf("at least %v", serve.MinRequestTTL)},
 		{*saveEvery == 0 || *saveEvery >= serve.MinSaveEvery, "save-every", *saveEvery, fmt.Sprintf("0 (on shutdown only) or at least %v", serve.MinSaveEvery)},
 		{*blockSize >= 1 && *blockSize <= serve.MaxBlockSize, "block-size", *blockSize, fmt.Sprintf("1 to %d", serve.MaxBlockSize)},
+		{*grace >= 0, "shutdown-grace", *grace, "0 or more"},
 	} {
 		if !c.ok {
 			return fmt.Errorf("-%s %v: want %s", c.flag, c.v, c.want)
@@ -86,9 +88,11 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 		return err
 	}
 	defer stopBus()
+	// Closing saves the state (with -state): a failure there is state
+	// lost, and the exit status says so.
 	defer func() {
-		if err := svc.Close(); err != nil {
-			fmt.Fprintln(stderr, "kvradix: closing:", err)
+		if cerr := svc.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("closing (state may be lost): %w", cerr))
 		}
 	}()
 	switch rec, err := svc.Recover(); {
@@ -119,14 +123,18 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 		return err
 	case <-stop:
 	}
-	// Graceful: requests in flight finish (10 s at most), then the
-	// subscribers and indexes close.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// Graceful: requests in flight finish (-shutdown-grace at most; a
+	// client still sending then is cut, which loses nothing of ours), then
+	// the subscribers and indexes close.
+	ctx, cancel := context.WithTimeout(context.Background(), *grace)
 	defer cancel()
-	err = srv.Shutdown(ctx)
+	if serr := srv.Shutdown(ctx); serr != nil {
+		fmt.Fprintf(stderr, "kvradix: connections still open after %v were cut: %v\n", *grace, serr)
+		srv.Close()
+	}
 	<-served
 	fmt.Fprintln(stdout, "kvradix: stopped")
-	return err
+	return nil
 }
 
 // open returns the service: on its own, or following the bus at natsURL

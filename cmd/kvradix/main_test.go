@@ -3,10 +3,13 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -64,6 +67,18 @@ func TestServeCommand(t *testing.T) {
 // the service's base URL.
 func startServe(t *testing.T, args ...string) (string, func()) {
 	t.Helper()
+	base, stop := startServeErr(t, args...)
+	return base, func() {
+		t.Helper()
+		if err := stop(); err != nil {
+			t.Fatalf("shutdown: %v", err)
+		}
+	}
+}
+
+// startServeErr is startServe whose stop returns run's error.
+func startServeErr(t *testing.T, args ...string) (string, func() error) {
+	t.Helper()
 	out, w := io.Pipe()
 	stop := make(chan os.Signal, 1)
 	done := make(chan error, 1)
@@ -79,18 +94,46 @@ func startServe(t *testing.T, args ...string) (string, func()) {
 	}
 	base := strings.TrimSpace(lines.Text()[strings.Index(lines.Text(), "http://"):])
 	go io.Copy(io.Discard, out)
-	return base, func() {
+	return base, func() error {
 		t.Helper()
 		http.DefaultClient.CloseIdleConnections()
 		stop <- syscall.SIGTERM
 		select {
 		case err := <-done:
-			if err != nil {
-				t.Fatalf("shutdown: %v", err)
-			}
+			return err
 		case <-time.After(20 * time.Second):
 			t.Fatal("no shutdown within 20 s of SIGTERM")
+			return nil
 		}
+	}
+}
+
+// The exit status says whether state was lost: a client trickling a body
+// at SIGTERM is cut after -shutdown-grace and the exit is clean (it was
+// 2), a final save that fails is an error (it exited 0).
+func TestServeExitStatus(t *testing.T) {
+	base, stop := startServeErr(t, "-shutdown-grace", "300ms")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /query HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+	if err := stop(); err != nil {
+		t.Fatalf("a trickling client made the exit an error: %v", err)
+	}
+
+	dir := filepath.Join(t.TempDir(), "state")
+	_, stop = startServeErr(t, "-state", dir, "-save-every", "0")
+	// The state directory becomes a file: the final save cannot be made.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := stop(); err == nil || !strings.Contains(err.Error(), "state may be lost") {
+		t.Fatalf("a failed final save: %v, want an error saying state may be lost", err)
 	}
 }
 
