@@ -361,3 +361,29 @@ func TestStateIsCheckedWhole(t *testing.T) {
 		t.Fatalf("snapshots without state.json: %v, want a warning", err)
 	}
 }
+
+// A request routed to an instance that then leaves is freed with it: its
+// id may be used again at once (it was refused, 409 "in flight", until its
+// TTL), and completing it says it is gone.
+func TestRoutesLeaveWithTheirInstance(t *testing.T) {
+	svc := serve.New(serve.Config{RequestTTL: time.Hour})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	registerPublishers(t, svc, 2)
+	prompt := tokens(2*bs, 700)
+	var a serve.RouteAnswer
+	if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m", RequestID: "r1"}, &a); code != 200 {
+		t.Fatalf("route: %d", code)
+	}
+	if code := post(t, ts.URL+"/unregister", serve.Unregistration{InstanceID: a.InstanceID, ModelName: "m"}, nil); code != 200 {
+		t.Fatalf("unregister: %d", code)
+	}
+	if code := post(t, ts.URL+"/requests/r1/complete", []byte("{}"), nil); code != 404 {
+		t.Fatalf("completing a request whose instance left: %d, want 404", code)
+	}
+	var again serve.RouteAnswer
+	if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m", RequestID: "r1"}, &again); code != 200 || again.InstanceID == a.InstanceID {
+		t.Fatalf("the id again: %d %+v", code, again)
+	}
+}

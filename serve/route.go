@@ -78,6 +78,7 @@ type routed struct {
 	admit    router.SchedRequest
 	worker   kvevent.Worker
 	prefill  bool // first token reported
+	orphan   bool // its instance left: not in the scheduler
 	deadline time.Time
 }
 
@@ -108,9 +109,12 @@ func (m *modelRouter) scheduler(ws []kvevent.Worker, blockSize int) (*router.Sch
 	if err != nil {
 		return nil, err
 	}
-	for key, r := range m.reqs {
+	for _, r := range m.reqs {
 		if sched.Admit(r.admit, r.worker) != nil {
-			delete(m.reqs, key) // its instance left
+			// Its instance left (Unregister frees such requests; this one
+			// was admitted as it left): it counts nowhere, and its id
+			// stays the caller's to complete until its TTL.
+			r.orphan = true
 			continue
 		}
 		if r.prefill {
@@ -256,14 +260,39 @@ func (s *Service) release(complete bool) http.HandlerFunc {
 			fail(w, http.StatusNotFound, fmt.Errorf("request %q: not in flight", id))
 			return
 		}
-		if complete {
+		switch {
+		case rq.orphan:
+			if complete {
+				delete(m.reqs, id)
+			}
+		case complete:
 			delete(m.reqs, id)
 			_ = m.sched.Free(rq.id)
-		} else if !rq.prefill {
+		case !rq.prefill:
 			rq.prefill = true
 			_ = m.sched.MarkPrefillCompleted(rq.id)
 		}
 		reply(w, http.StatusOK, map[string]string{"request_id": id})
+	}
+}
+
+// freeRoutesOf frees the requests in flight on the instances gone (s.mu
+// held): their ids are free again, at once.
+func (s *Service) freeRoutesOf(gone map[*modelRouter]map[kvevent.Worker]bool) {
+	for id, m := range s.routes {
+		ws := gone[m]
+		if ws == nil {
+			continue
+		}
+		m.mu.Lock()
+		if rq := m.reqs[id]; rq != nil && ws[rq.worker] {
+			if !rq.orphan {
+				_ = m.sched.Free(rq.id)
+			}
+			delete(m.reqs, id)
+			delete(s.routes, id)
+		}
+		m.mu.Unlock()
 	}
 }
 
@@ -280,7 +309,9 @@ func (s *Service) expire() {
 			for id, m := range s.routes {
 				m.mu.Lock()
 				if rq := m.reqs[id]; rq != nil && now.After(rq.deadline) { // nil: being admitted
-					_ = m.sched.Free(rq.id)
+					if !rq.orphan {
+						_ = m.sched.Free(rq.id)
+					}
 					delete(m.reqs, id)
 					delete(s.routes, id)
 				}

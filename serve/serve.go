@@ -402,14 +402,23 @@ func (s *Service) Unregister(u Unregistration) error {
 			pending++
 		}
 	}
+	routesGone := map[*modelRouter]map[kvevent.Worker]bool{}
 	for key, inst := range s.instances {
 		if key.model != u.ModelName || key.instance != kvevent.WorkerID(u.InstanceID) ||
 			(u.TenantID != "" && key.tenant != u.TenantID) || (u.DPRank != nil && key.rank != *u.DPRank) {
 			continue
 		}
 		delete(s.instances, key)
-		gone = append(gone, leaving{key, inst, s.indexes[key.modelKey]})
+		idx := s.indexes[key.modelKey]
+		gone = append(gone, leaving{key, inst, idx})
+		if routesGone[idx.router] == nil {
+			routesGone[idx.router] = map[kvevent.Worker]bool{}
+		}
+		routesGone[idx.router][kvevent.Worker{ID: key.instance, DPRank: kvevent.DPRank(key.rank)}] = true
 	}
+	// The requests in flight there are freed with them: their ids may be
+	// used again at once.
+	s.freeRoutesOf(routesGone)
 	s.mu.Unlock()
 	if len(gone) == 0 && pending == 0 {
 		return fmt.Errorf("%w: no instance %d of model %q", ErrUnknownModel, u.InstanceID, u.ModelName)
