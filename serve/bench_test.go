@@ -4,10 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/serve"
@@ -119,4 +127,164 @@ func BenchmarkSave(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(pairs), "pairs")
+}
+
+// rssPeakReset forgets the process's peak RSS (Linux: clear_refs 5) and
+// returns its RSS now, in bytes; rssPeak returns the peak since. Neither
+// works off Linux (0).
+func rssPeakReset() uint64 {
+	_ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+	return procStatus("VmRSS:")
+}
+
+func rssPeak() uint64 { return procStatus("VmHWM:") }
+
+func procStatus(field string) uint64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, field); ok {
+			var kb uint64
+			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &kb)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// BenchmarkDump is GET /dump of an index of about 1M pairs, read by a
+// client as fast as it comes; rss-growth-MB is the process's peak RSS
+// during the dump over its RSS before (the issue's target: 64 MB).
+func BenchmarkDump(b *testing.B) {
+	svc, pairs := filledService(b, b.TempDir())
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	var growth uint64
+	for b.Loop() {
+		b.StopTimer()
+		runtime.GC()
+		debug.FreeOSMemory()
+		before := rssPeakReset()
+		b.StartTimer()
+		resp, err := http.Get(ts.URL + "/dump")
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || n < int64(pairs)*50 {
+			b.Fatalf("dump: %d, %d bytes for %d pairs", resp.StatusCode, n, pairs)
+		}
+		if peak := rssPeak(); peak > before {
+			growth = max(growth, peak-before)
+		}
+	}
+	b.ReportMetric(float64(growth)/(1<<20), "rss-growth-MB")
+	b.ReportMetric(float64(pairs), "pairs")
+}
+
+// BenchmarkLargeBodies is 16 clients each sending a maximal body (8 MiB of
+// token ids, over the token limit) to /query at once; rss-growth-MB is the
+// process's peak RSS over its RSS before (the issue's target: 300 MB).
+func BenchmarkLargeBodies(b *testing.B) {
+	svc := serve.New(serve.Config{})
+	defer svc.Close()
+	serve.IndexForTest(svc, "m", 16)
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	body := append([]byte(`{"model_name": "m", "token_ids": [`), bytes.Repeat([]byte("1,"), (8<<20)/2-40)...)
+	body = append(body, "1]}"...)
+	var growth uint64
+	for b.Loop() {
+		b.StopTimer()
+		runtime.GC()
+		debug.FreeOSMemory()
+		before := rssPeakReset()
+		b.StartTimer()
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Go(func() {
+				resp, err := http.Post(ts.URL+"/query", "application/json", bytes.NewReader(body))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusBadRequest {
+					b.Errorf("status %d, want 400 (over the token limit)", resp.StatusCode)
+				}
+			})
+		}
+		wg.Wait()
+		if peak := rssPeak(); peak > before {
+			growth = max(growth, peak-before)
+		}
+	}
+	b.ReportMetric(float64(growth)/(1<<20), "rss-growth-MB")
+}
+
+// BenchmarkRoutesInFlight routes 100k requests of 64 blocks, none
+// completed (a 1-hour TTL), then measures /query_by_hash latency while
+// they are in flight: bytes/route is the heap they hold each (the issue's
+// target: 200 B plus what their blocks cost), query-p99-ns the queries'
+// (the target: 2 ms).
+func BenchmarkRoutesInFlight(b *testing.B) {
+	svc := serve.New(serve.Config{RequestTTL: time.Hour})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	registerPublishers(b, svc, 4)
+	hashes := make([]uint64, 64)
+	for i := range hashes {
+		hashes[i] = uint64(i+1) * 0x9E3779B97F4A7C15
+	}
+	routeBody, _ := json.Marshal(serve.RouteRequest{BlockHashes: hashes, ModelName: "m"})
+	queryBody, _ := json.Marshal(serve.HashQuery{BlockHashes: hashes, ModelName: "m"})
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	do := func(path string, body []byte) error {
+		resp, err := client.Post(ts.URL+path, "application/json", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %d", path, resp.StatusCode)
+		}
+		return nil
+	}
+	const routes = 100_000
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range routes / 8 {
+				if err := do("/route", routeBody); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	perRoute := float64(after.HeapAlloc-before.HeapAlloc) / routes
+	var lat []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		if err := do("/query_by_hash", queryBody); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	slices.Sort(lat)
+	b.ReportMetric(perRoute, "bytes/route")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "query-p99-ns")
 }

@@ -1,8 +1,10 @@
 package serve
 
 import (
+	"bufio"
 	"bytes"
 	"cmp"
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -11,6 +13,8 @@ import (
 	"iter"
 	"maps"
 	"net/http"
+	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,14 +27,23 @@ import (
 )
 
 // Handler returns the service's HTTP API (see the package doc).
+//
+// With Config.Token, every endpoint that changes the service's state
+// requires it: /register, /unregister, /route and /requests/{id}/...
+// (a route admits load; a release frees it). Reads stay open: /query,
+// /query_by_hash, /workers, /dump, /metrics, /health. Every POST must say
+// its body is JSON (415 otherwise: a browser's form or text/plain POST,
+// which needs no preflight, is refused), and requests a browser marks as
+// cross-origin are refused (403), so a web page cannot drive the service
+// through its visitor's browser.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /register", s.guarded(s.register))
 	mux.HandleFunc("POST /unregister", s.guarded(s.unregister))
 	mux.HandleFunc("GET /workers", func(w http.ResponseWriter, _ *http.Request) { reply(w, http.StatusOK, s.Workers()) })
-	mux.HandleFunc("POST /route", s.route)
-	mux.HandleFunc("POST /requests/{id}/first_token", s.release(false))
-	mux.HandleFunc("POST /requests/{id}/complete", s.release(true))
+	mux.HandleFunc("POST /route", s.guarded(s.route))
+	mux.HandleFunc("POST /requests/{id}/first_token", s.guarded(s.release(false)))
+	mux.HandleFunc("POST /requests/{id}/complete", s.guarded(s.release(true)))
 	mux.HandleFunc("POST /query", s.query)
 	mux.HandleFunc("POST /query_by_hash", s.queryByHash)
 	mux.HandleFunc("GET /dump", s.dump)
@@ -38,10 +51,57 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		reply(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	return mux
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fail(w, http.StatusForbidden, errors.New("cross-origin request refused"))
+	}))
+	return cop.Handler(jsonOnly(s.bounded(mux)))
 }
 
-// guarded requires Config.Token, if set, of a mutating endpoint's caller.
+// Large bodies: a request whose body is over largeBody, or of unknown
+// length, waits for one of largeBodies slots for as long as it is being
+// served (its body and what it decodes to, several times its size, are
+// live until then), so that concurrent clients cannot make the service
+// hold more than largeBodies maximal requests at once.
+const (
+	largeBody   = 1 << 20
+	largeBodies = 2
+	largeWait   = 10 * time.Second
+)
+
+func (s *Service) bounded(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && (r.ContentLength > largeBody || r.ContentLength < 0) {
+			select {
+			case s.large <- struct{}{}:
+				defer func() { <-s.large }()
+			case <-r.Context().Done():
+				return
+			case <-time.After(largeWait):
+				fail(w, http.StatusServiceUnavailable, fmt.Errorf("body: %d large requests being served; try again", largeBodies))
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// jsonOnly refuses a POST whose Content-Type is not application/json.
+func jsonOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			ct, _, _ := strings.Cut(r.Header.Get("Content-Type"), ";")
+			if !strings.EqualFold(strings.TrimSpace(ct), "application/json") {
+				fail(w, http.StatusUnsupportedMediaType, fmt.Errorf("content-type: %q, want application/json", r.Header.Get("Content-Type")))
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// guarded requires Config.Token, if set, of the caller of an endpoint that
+// changes the service's state.
 func (s *Service) guarded(h http.HandlerFunc) http.HandlerFunc {
 	if s.cfg.Token == "" {
 		return h
@@ -290,40 +350,102 @@ func appendByInstance(b []byte, ws []kvevent.Worker, val func([]byte, kvevent.Wo
 	return append(b, '}')
 }
 
+// dump streams every index's events as JSON. Each index's events are
+// written, as they are dumped (under the index's dump lock, which holds its
+// writers off for as long as that takes), to an unlinked temporary file,
+// then copied from it to the client: a slow reader holds up no writer, and
+// the dump costs disk, not memory (a garbage collection every
+// dumpGCEvery events keeps the dump's own garbage from growing the heap).
+// Dumps run one at a time. An index that cannot catch up within
+// dumpSettle (its bus is down) is dumped as it stands and named in the
+// X-Kvradix-Stale header.
 func (s *Service) dump(w http.ResponseWriter, r *http.Request) {
+	select {
+	case s.dumping <- struct{}{}:
+		defer func() { <-s.dumping }()
+	case <-r.Context().Done():
+		return
+	}
 	s.mu.Lock()
-	idxs := make(map[modelKey]*index, len(s.indexes))
-	for k, v := range s.indexes {
-		idxs[k] = v
+	keys := slices.SortedFunc(maps.Keys(s.indexes), func(a, b modelKey) int {
+		return cmp.Or(strings.Compare(a.model, b.model), strings.Compare(a.tenant, b.tenant))
+	})
+	idxs := make([]*index, len(keys))
+	for i, k := range keys {
+		idxs[i] = s.indexes[k]
 	}
 	s.mu.Unlock()
+	spill, err := os.CreateTemp("", "kvradix-dump-*")
+	if err != nil {
+		fail(w, http.StatusInternalServerError, fmt.Errorf("dump: %w", err))
+		return
+	}
+	os.Remove(spill.Name()) // gone with the last descriptor
+	defer spill.Close()
+	out := bufio.NewWriterSize(spill, 64<<10)
+	var stale []string
+	out.WriteByte('{')
+	for i, idx := range idxs {
+		ctx, cancel := context.WithTimeout(r.Context(), dumpSettle)
+		err := idx.settle(ctx)
+		cancel()
+		if err != nil {
+			if r.Context().Err() != nil {
+				return // the client left
+			}
+			stale = append(stale, keys[i].model+":"+keys[i].tenant)
+		}
+		if i > 0 {
+			out.WriteByte(',')
+		}
+		writeIndexJSON(out, keys[i], idx)
+	}
+	out.WriteString("}\n")
+	if err := out.Flush(); err != nil {
+		fail(w, http.StatusInternalServerError, fmt.Errorf("dump: %w", err))
+		return
+	}
+	if len(stale) > 0 {
+		w.Header().Set("X-Kvradix-Stale", strings.Join(stale, ","))
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	buf := []byte{'{'}
-	first := true
-	for k, idx := range idxs {
-		if err := idx.settle(r.Context()); err != nil {
-			continue // closed meanwhile
-		}
-		if !first {
+	if _, err := spill.Seek(0, io.SeekStart); err == nil {
+		_, _ = io.Copy(w, spill)
+	}
+}
+
+// writeIndexJSON writes "<model>:<tenant>": [events...] to out.
+func writeIndexJSON(out *bufio.Writer, k modelKey, idx *index) {
+	name, _ := json.Marshal(k.model + ":" + k.tenant)
+	out.Write(name)
+	out.WriteString(":[")
+	var buf []byte
+	n := 0
+	radix.DumpEach(idx.pool.Index(), func(ev kvevent.RouterEvent) {
+		if n > 0 {
 			buf = append(buf, ',')
 		}
-		first = false
-		name, _ := json.Marshal(k.model + ":" + k.tenant)
-		buf = append(append(buf, name...), ':', '[')
-		n := 0
-		radix.DumpEach(idx.pool.Index(), func(ev kvevent.RouterEvent) {
-			if n > 0 {
-				buf = append(buf, ',')
-			}
-			n++
-			buf = ev.AppendJSON(buf)
-		})
-		buf = append(buf, ']')
-	}
-	buf = append(buf, '}', '\n')
-	_, _ = w.Write(buf)
+		n++
+		buf = ev.AppendJSON(buf)
+		if len(buf) >= 32<<10 {
+			out.Write(buf)
+			buf = buf[:0]
+		}
+		if n%dumpGCEvery == 0 {
+			runtime.GC()
+		}
+	})
+	out.Write(buf)
+	out.WriteByte(']')
 }
+
+// dumpGCEvery is how many events a dump writes between two garbage
+// collections.
+const dumpGCEvery = 1 << 17
+
+// dumpSettle bounds how long a dump waits for an index to catch up.
+const dumpSettle = 5 * time.Second
 
 // bodies are request bodies being read: reused, so that reading one does
 // not allocate.

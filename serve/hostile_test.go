@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -385,5 +386,63 @@ func TestRoutesLeaveWithTheirInstance(t *testing.T) {
 	var again serve.RouteAnswer
 	if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m", RequestID: "r1"}, &again); code != 200 || again.InstanceID == a.InstanceID {
 		t.Fatalf("the id again: %d %+v", code, again)
+	}
+}
+
+// With a token, every endpoint that changes state requires it, /route and
+// the releases too (anyone could free another client's request, squat an
+// id or pin load); reads stay open. Without one, a browser page still
+// cannot drive the service: a POST that is not JSON is refused (415), and
+// so is a request the browser marks cross-origin (403).
+func TestOpenDoorsAreShut(t *testing.T) {
+	svc := serve.New(serve.Config{Token: "s3cret"})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	send := func(path, body, ctype, auth string, hdr ...string) int {
+		req, _ := http.NewRequest("POST", ts.URL+path, strings.NewReader(body))
+		if ctype != "" {
+			req.Header.Set("Content-Type", ctype)
+		}
+		if auth != "" {
+			req.Header.Set("Authorization", "Bearer "+auth)
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	const js = "application/json"
+	for _, tc := range []struct {
+		name, path, ctype, auth string
+		hdr                     []string
+		want                    int
+	}{
+		{"route without the token", "/route", js, "", nil, http.StatusUnauthorized},
+		{"route with a wrong token", "/route", js, "nope", nil, http.StatusUnauthorized},
+		{"route with the token", "/route", js, "s3cret", nil, http.StatusBadRequest}, // through: neither tokens nor hashes
+		{"complete without the token", "/requests/x/complete", js, "", nil, http.StatusUnauthorized},
+		{"first_token without the token", "/requests/x/first_token", js, "", nil, http.StatusUnauthorized},
+		{"complete with the token", "/requests/x/complete", js, "s3cret", nil, http.StatusNotFound},
+		{"a query stays open", "/query", js, "", nil, http.StatusNotFound}, // through: no such model
+		{"a text/plain register", "/register", "text/plain", "s3cret", nil, http.StatusUnsupportedMediaType},
+		{"a form query", "/query", "application/x-www-form-urlencoded", "", nil, http.StatusUnsupportedMediaType},
+		{"no content type", "/query", "", "", nil, http.StatusUnsupportedMediaType},
+		{"JSON with a charset", "/query", "application/json; charset=utf-8", "", nil, http.StatusNotFound},
+		{"a cross-site browser request", "/register", js, "s3cret", []string{"Sec-Fetch-Site", "cross-site"}, http.StatusForbidden},
+		{"a foreign origin", "/query", js, "", []string{"Origin", "http://evil.example"}, http.StatusForbidden},
+	} {
+		if got := send(tc.path, "{}", tc.ctype, tc.auth, tc.hdr...); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+	var workers []serve.Worker
+	if code := get(t, ts.URL+"/workers", &workers); code != http.StatusOK {
+		t.Fatalf("a read without the token: %d", code)
 	}
 }

@@ -73,13 +73,28 @@ type modelRouter struct {
 	reqs    map[string]*routed
 }
 
+// routed is a request in flight: what re-admitting it into a rebuilt
+// scheduler takes (its blocks, and its overlap on its own worker), and no
+// more (not the prompt, nor every worker's overlap).
 type routed struct {
 	id       uuid.UUID
-	admit    router.SchedRequest
+	blocks   []uint64 // sequence hashes
+	isl      int
 	worker   kvevent.Worker
-	prefill  bool // first token reported
-	orphan   bool // its instance left: not in the scheduler
+	overlap  uint32
+	tiers    *[kvevent.NumTiers]uint32 // its overlap per tier, with Config.Tiers
+	prefill  bool                      // first token reported
+	orphan   bool                      // its instance left: not in the scheduler
 	deadline time.Time
+}
+
+// request returns what the scheduler admits r as.
+func (r *routed) request() router.SchedRequest {
+	req := router.SchedRequest{ID: r.id, ISL: r.isl, Blocks: r.blocks, Overlaps: map[kvevent.Worker]uint32{r.worker: r.overlap}}
+	if r.tiers != nil {
+		req.TierOverlaps = map[kvevent.Worker][kvevent.NumTiers]uint32{r.worker: *r.tiers}
+	}
+	return req
 }
 
 // workersOf lists the registered (instance, rank) pairs of a model (s.mu
@@ -110,7 +125,7 @@ func (m *modelRouter) scheduler(ws []kvevent.Worker, blockSize int) (*router.Sch
 		return nil, err
 	}
 	for _, r := range m.reqs {
-		if sched.Admit(r.admit, r.worker) != nil {
+		if sched.Admit(r.request(), r.worker) != nil {
 			// Its instance left (Unregister frees such requests; this one
 			// was admitted as it left): it counts nowhere, and its id
 			// stays the caller's to complete until its TTL.
@@ -128,7 +143,7 @@ func (m *modelRouter) scheduler(ws []kvevent.Worker, blockSize int) (*router.Sch
 // admit schedules a request and records it in flight; it returns the
 // chosen worker and every candidate's terms (m.mu holds the scheduler
 // still between weighing them and deciding).
-func (m *modelRouter) admit(ws []kvevent.Worker, blockSize int, id string, isl int, local []uint64, overlaps map[kvevent.Worker]uint32, tiers map[kvevent.Worker][kvevent.NumTiers]uint32, ttl time.Duration) (kvevent.Worker, []Candidate, error) {
+func (m *modelRouter) admit(ws []kvevent.Worker, blockSize int, id string, isl int, local []uint64, overlaps map[kvevent.Worker]uint32, tiers map[kvevent.Worker][kvevent.NumTiers]uint32, deadline time.Time) (kvevent.Worker, []Candidate, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sched, err := m.scheduler(ws, blockSize)
@@ -143,7 +158,11 @@ func (m *modelRouter) admit(ws []kvevent.Worker, blockSize int, id string, isl i
 	if err != nil {
 		return kvevent.Worker{}, nil, err
 	}
-	m.reqs[id] = &routed{id: req.ID, admit: req, worker: wk, deadline: time.Now().Add(ttl)}
+	rq := &routed{id: req.ID, blocks: req.Blocks, isl: isl, worker: wk, overlap: overlaps[wk], deadline: deadline}
+	if t, ok := tiers[wk]; ok {
+		rq.tiers = &t
+	}
+	m.reqs[id] = rq
 	cands := make([]Candidate, len(loads))
 	for i, l := range loads {
 		cands[i] = Candidate{InstanceID: uint64(l.Worker.ID), DPRank: int(l.Worker.DPRank), OverlapBlocks: overlaps[l.Worker],
@@ -152,6 +171,10 @@ func (m *modelRouter) admit(ws []kvevent.Worker, blockSize int, id string, isl i
 	}
 	return wk, cands, nil
 }
+
+// MaxRequestID bounds a route's request_id (a UUID is 36 bytes): the id
+// is kept for as long as the request is in flight.
+const MaxRequestID = 256
 
 // routeWeight is the routes' overlap weight (router.DefaultOverlapWeight).
 const routeWeight = router.DefaultOverlapWeight
@@ -180,6 +203,9 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 	case len(q.TokenIDs) > s.cfg.MaxTokens || len(q.BlockHashes) > s.cfg.MaxTokens:
 		fail(w, http.StatusBadRequest, fmt.Errorf("token_ids or block_hashes: at most %d", s.cfg.MaxTokens))
 		return
+	case len(q.RequestID) > MaxRequestID:
+		fail(w, http.StatusBadRequest, fmt.Errorf("request_id: %d bytes, at most %d", len(q.RequestID), MaxRequestID))
+		return
 	}
 	k := modelKey{q.ModelName, tenantOr(q.TenantID)}
 	idx, err := s.lookup(k.model, k.tenant)
@@ -204,6 +230,7 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 	if q.RequestID == "" {
 		q.RequestID = uuid.NewString()
 	}
+
 	// The id is reserved first (s.mu, then m.mu: the order expire takes
 	// them in), and given back if the request is not admitted.
 	s.mu.Lock()
@@ -221,11 +248,16 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 	}
 	s.routes[q.RequestID] = m
 	s.mu.Unlock()
-	wk, cands, err := m.admit(ws, idx.blockSize, q.RequestID, isl, local, scores.Scores, tiers.Scores, s.cfg.RequestTTL)
+	deadline := time.Now().Add(s.cfg.RequestTTL)
+	wk, cands, err := m.admit(ws, idx.blockSize, q.RequestID, isl, local, scores.Scores, tiers.Scores, deadline)
+	s.mu.Lock()
 	if err != nil {
-		s.mu.Lock()
 		delete(s.routes, q.RequestID)
-		s.mu.Unlock()
+	} else {
+		s.expectExpiry(expiry{deadline, q.RequestID, m})
+	}
+	s.mu.Unlock()
+	if err != nil {
 		fail(w, http.StatusServiceUnavailable, err)
 		return
 	}
@@ -296,7 +328,34 @@ func (s *Service) freeRoutesOf(gone map[*modelRouter]map[kvevent.Worker]bool) {
 	}
 }
 
-// expire frees the requests past their TTL, every second, until Close.
+// expiry is when a routed request's TTL ends. The service keeps them in
+// the order they were admitted, which (one TTL for all) is the order of
+// their deadlines: expire looks only at the front.
+type expiry struct {
+	at time.Time
+	id string
+	m  *modelRouter
+}
+
+// expectExpiry queues a request's deadline (s.mu held), compacting the
+// queue when mostly requests already completed wait in it.
+func (s *Service) expectExpiry(e expiry) {
+	s.expiries = append(s.expiries, e)
+	if live := len(s.routes); len(s.expiries) > 2*live+1024 {
+		kept := s.expiries[:0]
+		for _, e := range s.expiries {
+			if s.routes[e.id] == e.m {
+				kept = append(kept, e)
+			}
+		}
+		clear(s.expiries[len(kept):])
+		s.expiries = kept
+	}
+}
+
+// expire frees the requests past their TTL, every second, until Close:
+// the front of the queue, so a tick costs what expires, not what is in
+// flight.
 func (s *Service) expire() {
 	t := time.NewTicker(min(time.Second, s.cfg.RequestTTL/2))
 	defer t.Stop()
@@ -306,17 +365,24 @@ func (s *Service) expire() {
 			return
 		case now := <-t.C:
 			s.mu.Lock()
-			for id, m := range s.routes {
-				m.mu.Lock()
-				if rq := m.reqs[id]; rq != nil && now.After(rq.deadline) { // nil: being admitted
-					if !rq.orphan {
-						_ = m.sched.Free(rq.id)
-					}
-					delete(m.reqs, id)
-					delete(s.routes, id)
+			n := 0
+			for ; n < len(s.expiries) && now.After(s.expiries[n].at); n++ {
+				e := s.expiries[n]
+				if s.routes[e.id] != e.m {
+					continue // completed, freed, or reused on another model
 				}
-				m.mu.Unlock()
+				e.m.mu.Lock()
+				if rq := e.m.reqs[e.id]; rq != nil && now.After(rq.deadline) { // nil: being admitted
+					if !rq.orphan {
+						_ = e.m.sched.Free(rq.id)
+					}
+					delete(e.m.reqs, e.id)
+					delete(s.routes, e.id)
+				}
+				e.m.mu.Unlock()
 			}
+			clear(s.expiries[:n])
+			s.expiries = s.expiries[n:]
 			s.mu.Unlock()
 		}
 	}

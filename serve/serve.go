@@ -190,9 +190,12 @@ type Service struct {
 	mu        sync.Mutex
 	indexes   map[modelKey]*index
 	instances map[instanceKey]*instance
+	dumping   chan struct{}           // one /dump at a time
+	large     chan struct{}           // slots of requests with large bodies (see bounded)
 	pending   map[instanceKey]bool    // reserved, their endpoints being dialled
 	dialing   sync.WaitGroup          // the dials of pending instances
 	routes    map[string]*modelRouter // requests in flight, by request id
+	expiries  []expiry                // their deadlines, soonest first (see expire)
 	closed    bool
 
 	bus *bus // NewOnBus's
@@ -202,7 +205,7 @@ type Service struct {
 func New(cfg Config) *Service {
 	cfg.defaults()
 	s := &Service{cfg: cfg, indexes: map[modelKey]*index{}, instances: map[instanceKey]*instance{},
-		pending: map[instanceKey]bool{}, routes: map[string]*modelRouter{}}
+		pending: map[instanceKey]bool{}, routes: map[string]*modelRouter{}, dumping: make(chan struct{}, 1), large: make(chan struct{}, largeBodies)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.metrics = newMetrics(s)
 	s.bg.Go(s.expire)
@@ -383,15 +386,18 @@ type Unregistration struct {
 	DPRank     *int   `json:"dp_rank,omitempty"`
 }
 
-// Unregister stops following the instance and drops its blocks.
+// leaving is an instance being unregistered.
+type leaving struct {
+	key  instanceKey
+	inst *instance
+	idx  *index
+}
+
+// Unregister stops following the instance and drops its blocks, and its
+// model's index if no instance is left.
 func (s *Service) Unregister(u Unregistration) error {
 	s.regMu.Lock()
 	defer s.regMu.Unlock()
-	type leaving struct {
-		key  instanceKey
-		inst *instance
-		idx  *index
-	}
 	var gone []leaving
 	s.mu.Lock()
 	pending := 0
@@ -435,6 +441,27 @@ func (s *Service) Unregister(u Unregistration) error {
 			}
 			err = errors.Join(err, g.idx.sink.ApplyEvent(kvevent.RouterEvent{WorkerID: g.key.instance,
 				Event: kvevent.Event{DPRank: rank, Data: kvevent.Cleared{}}}))
+		}
+	}
+	return errors.Join(err, s.dropUnused(gone))
+}
+
+// dropUnused drops the indexes of the instances gone that no instance
+// uses any more (regMu held): a model whose last engine left costs
+// nothing (its lanes, goroutines and memory go, and the next save leaves
+// it out).
+func (s *Service) dropUnused(gone []leaving) error {
+	var err error
+	for _, g := range gone {
+		s.mu.Lock()
+		idx := s.indexes[g.key.modelKey]
+		drop := idx == g.idx && !s.usedLocked(g.key.modelKey)
+		if drop {
+			delete(s.indexes, g.key.modelKey)
+		}
+		s.mu.Unlock()
+		if drop {
+			err = errors.Join(err, idx.close())
 		}
 	}
 	return err

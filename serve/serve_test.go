@@ -445,7 +445,7 @@ func metric(t *testing.T, url, sample string) float64 {
 
 // registerPublishers registers n vLLM-compatible publishers with svc as
 // instances 1..n of model "m".
-func registerPublishers(t *testing.T, svc *serve.Service, n int) []*vllm.Publisher {
+func registerPublishers(t testing.TB, svc *serve.Service, n int) []*vllm.Publisher {
 	t.Helper()
 	var pubs []*vllm.Publisher
 	for id := range uint64(n) {

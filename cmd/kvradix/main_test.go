@@ -47,6 +47,7 @@ func TestServeCommand(t *testing.T) {
 	}
 	for _, auth := range []string{"", "Bearer wrong"} {
 		req, _ := http.NewRequest("POST", base+"/unregister", strings.NewReader(`{"instance_id": 3, "model_name": "m"}`))
+		req.Header.Set("Content-Type", "application/json")
 		if auth != "" {
 			req.Header.Set("Authorization", auth)
 		}
