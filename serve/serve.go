@@ -449,13 +449,14 @@ func (s *Service) Unregister(u Unregistration) error {
 // dropUnused drops the indexes of the instances gone that no instance
 // uses any more (regMu held): a model whose last engine left costs
 // nothing (its lanes, goroutines and memory go, and the next save leaves
-// it out).
+// it out). An index on a bus stays: it follows the engines registered
+// with every replica, not only this one's.
 func (s *Service) dropUnused(gone []leaving) error {
 	var err error
 	for _, g := range gone {
 		s.mu.Lock()
 		idx := s.indexes[g.key.modelKey]
-		drop := idx == g.idx && !s.usedLocked(g.key.modelKey)
+		drop := idx == g.idx && idx.bus == nil && !s.usedLocked(g.key.modelKey)
 		if drop {
 			delete(s.indexes, g.key.modelKey)
 		}

@@ -566,7 +566,10 @@ func TestTiers(t *testing.T) {
 			}
 		}
 		post(t, ts.URL+"/query_by_hash", serve.HashQuery{BlockHashes: local, ModelName: "m"}, &got)
-		return reflect.DeepEqual(got.TierScores["1"]["0"], want["1"]) && reflect.DeepEqual(got.TierScores["2"]["0"], want["2"])
+		// Scores and tier scores are two lookups: both must have seen the
+		// events (the first answer may come between them).
+		return reflect.DeepEqual(got.TierScores["1"]["0"], want["1"]) && reflect.DeepEqual(got.TierScores["2"]["0"], want["2"]) &&
+			got.Scores["1"]["0"] == bs && got.Scores["2"]["0"] == 2*bs
 	})
 	if got.Scores["1"]["0"] != bs || got.Scores["2"]["0"] != 2*bs {
 		t.Fatalf("device scores %v, want instance 1 at %d and 2 at %d", got.Scores, bs, 2*bs)

@@ -80,7 +80,51 @@ type guard struct {
 
 	mu     sync.Mutex
 	conns  map[*guardConn]struct{}
+	peers  map[string]*peerState // by dialled address
 	closed bool
+}
+
+// peerState is what the guard knows of one dialled peer: its connections
+// that completed the handshake and are not closed (none, once one has: the
+// peer is down), and the dials that failed since the last good one, which
+// space out the next (redialBackoff).
+type peerState struct {
+	live     atomic.Int64
+	fails    atomic.Int64
+	lastFail atomic.Int64 // Unix ns
+	dials    atomic.Uint64
+	conns    atomic.Uint64 // connections that completed the handshake, ever
+	greeted  atomic.Bool   // a connection has completed the handshake
+}
+
+// fail records a failed dial (or a connection that never greeted).
+func (p *peerState) fail() {
+	p.lastFail.Store(time.Now().UnixNano())
+	p.fails.Add(1)
+}
+
+// down reports whether the peer was up and has no connection now.
+func (p *peerState) down() bool { return p.greeted.Load() && p.live.Load() == 0 }
+
+// redialBackoff is the wait before a dial after fails failed ones: 50 ms,
+// doubling, at most 5 s (the library's own retry adds its 50 ms).
+func redialBackoff(fails int64) time.Duration {
+	if fails <= 0 {
+		return 0
+	}
+	return min(50*time.Millisecond<<min(fails-1, 16), 5*time.Second)
+}
+
+// peer returns the state of the peer at a dialled address.
+func (g *guard) peer(addr string) *peerState {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	p := g.peers[addr]
+	if p == nil {
+		p = &peerState{}
+		g.peers[addr] = p
+	}
+	return p
 }
 
 var guardSeq atomic.Uint64
@@ -90,7 +134,7 @@ var guardSeq atomic.Uint64
 func newGuard(limit int, handshake time.Duration, maxConns int) (*guard, error) {
 	n := guardSeq.Add(1)
 	g := &guard{tcp: fmt.Sprintf("kvradix-tcp-%d", n), ipc: fmt.Sprintf("kvradix-ipc-%d", n),
-		limit: uint64(limit), handshake: handshake, maxConns: maxConns, conns: map[*guardConn]struct{}{}}
+		limit: uint64(limit), handshake: handshake, maxConns: maxConns, conns: map[*guardConn]struct{}{}, peers: map[string]*peerState{}}
 	if err := zmq4.RegisterTransport(g.tcp, guardTransport{g, transport.New("tcp")}); err != nil {
 		return nil, err
 	}
@@ -119,14 +163,31 @@ type guardTransport struct {
 	inner transport.Transport
 }
 
-// Dial implements transport.Transport.
+// Dial implements transport.Transport: after failed dials to the peer
+// (refused, or no handshake), it refuses at once, without dialling, until
+// redialBackoff has passed since the last failure: the library's retries
+// (every 50 ms) then reach a dead engine ever more rarely, not every 50 ms
+// for good.
 func (t guardTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	p := t.g.peer(addr)
+	if fails := p.fails.Load(); fails > 0 && time.Since(time.Unix(0, p.lastFail.Load())) < redialBackoff(fails) {
+		return nil, errBackingOff
+	}
+	p.dials.Add(1)
 	c, err := t.inner.Dial(ctx, d, addr)
 	if err != nil {
+		p.fail()
 		return nil, err
 	}
-	return t.g.wrap(c)
+	gc, err := t.g.wrap(c)
+	if gc != nil {
+		gc.peer = p
+	}
+	return gc, err
 }
+
+// errBackingOff is a dial not made: the peer failed too recently.
+var errBackingOff = errors.New("vllm: backing off a peer that failed")
 
 // Listen implements transport.Transport. Each listener accepts at most
 // maxConns connections at a time; more are closed as they come and
@@ -205,8 +266,11 @@ type guardConn struct {
 	net.Conn
 	g       *guard
 	p       zmtpParser
-	onClose func() // a listener's count, if accepted
+	onClose func()      // a listener's count, if accepted
+	peer    *peerState  // if dialled
+	counted atomic.Bool // in peer.live
 	closed  atomic.Bool
+	ended   atomic.Bool // read failed or closed: out of peer.live
 
 	// The library reads each frame's header and body apart, a system call
 	// each; once the peer has greeted, small reads are served from
@@ -257,24 +321,53 @@ func (c *guardConn) read(b []byte) (int, error) {
 		ok, cut := c.p.feed(b[:n], c.g.limit)
 		if !ok {
 			c.g.refused.Add(1)
+			c.end(true) // a hostile peer: its redials wait too
 			c.Conn.Close()
 			return cut, ErrFrameTooLarge
 		}
 		if c.p.greeted() && !c.p.clearedDeadline {
 			c.p.clearedDeadline = true
 			_ = c.Conn.SetReadDeadline(time.Time{})
+			if c.peer != nil {
+				c.counted.Store(true)
+				c.peer.greeted.Store(true)
+				c.peer.fails.Store(0)
+				c.peer.live.Add(1)
+				c.peer.conns.Add(1)
+			}
 		}
 	}
-	if ne, ok := err.(net.Error); ok && ne.Timeout() && !c.p.greeted() {
-		c.g.timeouts.Add(1)
+	if err != nil {
+		if ne, ok := err.(net.Error); ok && ne.Timeout() && !c.p.greeted() {
+			c.g.timeouts.Add(1)
+		}
+		// The peer is gone (or never greeted): the connection is closed
+		// here, not left half-open (CLOSE-WAIT) for the library.
+		c.end(!c.p.greeted())
+		c.Conn.Close()
 	}
 	return n, err
+}
+
+// end takes the connection out of its peer's live count, once; a
+// connection that never completed its handshake counts as a failed dial.
+func (c *guardConn) end(failed bool) {
+	if c.peer == nil || c.ended.Swap(true) {
+		return
+	}
+	if c.counted.Load() {
+		c.peer.live.Add(-1)
+	}
+	if failed {
+		c.peer.fail()
+	}
 }
 
 func (c *guardConn) Close() error {
 	c.g.mu.Lock()
 	delete(c.g.conns, c)
 	c.g.mu.Unlock()
+	c.end(false)
 	if !c.closed.Swap(true) && c.onClose != nil {
 		c.onClose()
 	}

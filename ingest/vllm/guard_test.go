@@ -728,3 +728,31 @@ func TestPublisherComesBackLate(t *testing.T) {
 		return sub.Stats().Restarts >= 1
 	})
 }
+
+// An engine that goes away shows as down (its connection was left
+// half-open and never reported), and is redialled ever more rarely, not
+// every 50 ms for good. (Coming back later than before, a restarted engine
+// is still known for one: TestPublisherComesBackLate.)
+func TestDeadEngineIsDownAndBackedOff(t *testing.T) {
+	e := newEngine(t, 1, PublisherConfig{Topic: "kv@e@m", ReplayEndpoint: "x"})
+	pool := shardpool.NewPool(1, bs)
+	defer pool.Close()
+	sub, err := NewSubscriber(pool, SubscriberConfig{BlockSize: bs, HandshakeTimeout: 200 * time.Millisecond}, e.endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	connect(t, sub, e)
+	e.publish(t, 5, radix.NewTree())
+	settle(t, sub, e)
+	if sub.States()[0].Down {
+		t.Fatal("down while connected")
+	}
+	e.pub.Close()
+	testwait.For(t, "the engine to show as down", func() bool { return sub.States()[0].Down })
+	before := sub.Stats().Dials
+	time.Sleep(3 * time.Second) // the scenario: three seconds away, not a wait
+	if n := sub.Stats().Dials - before; n > 20 {
+		t.Fatalf("%d dials in 3 s to a dead engine, want them backed off (every 50 ms is 60)", n)
+	}
+}

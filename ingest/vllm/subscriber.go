@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -126,6 +127,9 @@ type SubscriberStats struct {
 	// ConnsRefused counts connections a Listen endpoint closed past
 	// MaxConns.
 	ConnsRefused uint64
+	// Dials counts connection attempts to dialled endpoints: after failed
+	// ones they are spaced out, 50 ms doubling to 5 s.
+	Dials uint64
 	// ResumesCleared counts endpoints resumed from a saved state whose
 	// engine no longer held what they missed: their blocks were cleared.
 	ResumesCleared uint64
@@ -176,12 +180,14 @@ type endpoint struct {
 	rank     kvevent.DPRank
 	resuming bool // ResumeAt was given and no message has come yet
 
-	ranksMu  sync.Mutex
-	ranks    map[kvevent.DPRank]bool // the registered rank, and every rank its batches named
-	scratch  []kvevent.RouterEvent
-	lastSeq  atomic.Uint64 // last sequence applied, plus one (0 = none)
-	lastRecv atomic.Int64  // when the last message was received, Unix ns (0 = none)
-	down     atomic.Bool   // the last receive failed: reconnecting
+	ranksMu   sync.Mutex
+	ranks     map[kvevent.DPRank]bool // the registered rank, and every rank its batches named
+	scratch   []kvevent.RouterEvent
+	peer      *peerState    // the guard's state of a dialled endpoint (nil: a Listen one)
+	seenConns uint64        // peer.conns at the last message (the processing goroutine's)
+	lastSeq   atomic.Uint64 // last sequence applied, plus one (0 = none)
+	lastRecv  atomic.Int64  // when the last message was received, Unix ns (0 = none)
+	down      atomic.Bool   // the last receive failed: reconnecting
 }
 
 // Sink is where a Subscriber hands the events it receives: an indexer
@@ -257,6 +263,7 @@ func NewSubscriberContext(ctx context.Context, idx Sink, cfg SubscriberConfig, e
 		if ep.Listen {
 			err = e.sub.Listen(g.endpoint(ep.Address))
 		} else {
+			e.peer = g.peer(peerAddr(ep.Address))
 			err = dialWithin(dialCtx, e.sub, g.endpoint(ep.Address), cfg.HandshakeTimeout, g.close)
 		}
 		if err == nil {
@@ -273,6 +280,24 @@ func NewSubscriberContext(ctx context.Context, idx Sink, cfg SubscriberConfig, e
 		go s.process(e)
 	}
 	return s, nil
+}
+
+// dials sums the dials to every dialled endpoint.
+func (s *Subscriber) dials() uint64 {
+	n := uint64(0)
+	for _, e := range s.eps {
+		if e.peer != nil {
+			n += e.peer.dials.Load()
+		}
+	}
+	return n
+}
+
+// peerAddr is the address the guard's transport is given for an
+// endpoint: tcp://host:port is host:port, ipc://path is path.
+func peerAddr(ep string) string {
+	_, addr, _ := strings.Cut(ep, "://")
+	return addr
 }
 
 // dialWithin dials addr, retrying until d has passed or ctx ends; then it
@@ -456,6 +481,9 @@ func (s *Subscriber) handle(e *endpoint, msg zmq4.Msg) {
 		return
 	}
 	seq, payload := binary.BigEndian.Uint64(f[1]), f[2]
+	if seq != EndOfReplay {
+		s.checkReconnect(e)
+	}
 	switch {
 	case seq == EndOfReplay: // never a batch; seq+1 would wrap
 		s.c.badFrames.Add(1)
@@ -468,13 +496,8 @@ func (s *Subscriber) handle(e *endpoint, msg zmq4.Msg) {
 		if s.suspicious(e, seq, payload) {
 			return
 		}
-		// The engine restarted: what we hold of it is stale. Received
-		// starts again before the restart is counted, so that a reader who
-		// sees the count never sees the old life's sequence.
-		e.lastSeq.Store(0)
-		s.c.restarts.Add(1)
-		s.apply(e, []kvevent.RouterEvent{{WorkerID: e.cfg.Worker, Event: kvevent.Event{DPRank: e.rank, Data: kvevent.Cleared{}}}})
-		e.expected = 0
+		// The engine restarted: what we hold of it is stale.
+		s.restarted(e)
 	case seq-e.expected > s.cfg.MaxSeqJump:
 		// Further ahead than the engine's ring could hold: replay what it
 		// has; believe the message only if the ring reaches it. A message
@@ -516,6 +539,43 @@ func (s *Subscriber) handle(e *endpoint, msg zmq4.Msg) {
 	}
 	s.applyBatch(e, seq, payload)
 	s.c.batches.Add(1)
+}
+
+// checkReconnect, on the first message of a new connection to the engine,
+// asks its replay ring whether it still holds the last batch applied from
+// it: an engine that restarted while it was away, and published past the
+// sequence expected before the subscriber was back (redials back off),
+// would otherwise look like the same life with a gap, and its old blocks
+// would stay. Without a replay endpoint nothing can be checked.
+func (s *Subscriber) checkReconnect(e *endpoint) {
+	if e.peer == nil {
+		return
+	}
+	conns := e.peer.conns.Load()
+	if conns == e.seenConns {
+		return
+	}
+	first := e.seenConns == 0
+	e.seenConns = conns
+	if first || e.cfg.Replay == "" || e.expected == 0 {
+		return
+	}
+	last := e.recent[(e.expected-1)%uint64(len(e.recent))]
+	if !last.set || last.seq != e.expected-1 || s.holds(e, last.seq, last.hash) {
+		return
+	}
+	s.restarted(e)
+}
+
+// restarted forgets what the engine's previous life stored: its blocks are
+// cleared and its stream starts again from 0. Received starts again before
+// the restart is counted, so that a reader who sees the count never sees
+// the old life's sequence.
+func (s *Subscriber) restarted(e *endpoint) {
+	e.lastSeq.Store(0)
+	s.c.restarts.Add(1)
+	s.apply(e, []kvevent.RouterEvent{{WorkerID: e.cfg.Worker, Event: kvevent.Event{DPRank: e.rank, Data: kvevent.Cleared{}}}})
+	e.expected = 0
 }
 
 // suspicious reports, and counts, a message going backwards that is not
@@ -795,7 +855,7 @@ type EndpointState struct {
 func (s *Subscriber) States() []EndpointState {
 	out := make([]EndpointState, len(s.eps))
 	for i, e := range s.eps {
-		out[i].Down = e.down.Load()
+		out[i].Down = e.down.Load() || (e.peer != nil && e.peer.down())
 		if ns := e.lastRecv.Load(); ns != 0 {
 			out[i].LastMessage = time.Unix(0, ns)
 		}
@@ -810,7 +870,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		DecodeErrors: s.c.decodeErrs.Load(), Duplicates: s.c.dups.Load(), Restarts: s.c.restarts.Load(), SuspectSeqs: s.c.suspect.Load(), Disconnects: s.c.disconnects.Load(),
 		GapsFound: s.c.gaps.Load(), GapsRepaired: s.c.repaired.Load(), GapsLost: s.c.lost.Load(),
 		FramesRefused: s.guard.refused.Load() + s.replayGuard.refused.Load(), HandshakeTimeouts: s.guard.timeouts.Load() + s.replayGuard.timeouts.Load(),
-		ConnsRefused: s.guard.turnedAway.Load(), ResumesCleared: s.c.resumesCleared.Load(),
+		ConnsRefused: s.guard.turnedAway.Load(), ResumesCleared: s.c.resumesCleared.Load(), Dials: s.dials(),
 		BatchesLost: s.c.batchesLost.Load(), ApplyErrors: s.c.applyErrs.Load(), EventsApplied: s.c.applied.Load(),
 	}
 	for _, e := range s.eps {
