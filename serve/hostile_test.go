@@ -2,6 +2,7 @@ package serve_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -156,7 +157,7 @@ func TestEnginesOfToday(t *testing.T) {
 			if _, err := pub.Publish([]vllm.Event{foreign}); err != nil {
 				t.Fatal(err)
 			}
-			sample := fmt.Sprintf(`kvradix_subscriber_events_refused_total{dp_rank="0",instance="%d",reason="block_size"}`, tc.id)
+			sample := fmt.Sprintf(`kvradix_subscriber_events_refused_total{dp_rank="0",instance="%d",model="%s:default",reason="block_size"}`, tc.id, model)
 			testwait.For(t, "the foreign block size counted", func() bool { return metric(t, ts.URL, sample) == 1 })
 			if tc.salt != "" {
 				var plain serve.Scores
@@ -444,5 +445,44 @@ func TestOpenDoorsAreShut(t *testing.T) {
 	var workers []serve.Worker
 	if code := get(t, ts.URL+"/workers", &workers); code != http.StatusOK {
 		t.Fatalf("a read without the token: %d", code)
+	}
+}
+
+// Distinct (model, tenant, instance) never share a key or a label: one
+// instance id in two models made /metrics answer 500 (two series alike)
+// and the names a:b/c and a/b:c one /dump key; a name with NUL shared a
+// bus stream. Such names are refused; the rest are labelled apart.
+func TestNamesKeptApart(t *testing.T) {
+	svc := serve.New(serve.Config{})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	for _, model := range []string{"a", "b"} {
+		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pub.Close()
+		if err := svc.Register(serve.Registration{InstanceID: 1, Endpoint: pub.Addr(), ModelName: model, BlockSize: bs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := http.Get(ts.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(text), `kvradix_subscriber_down{dp_rank="0",instance="1",model="b:default"}`) {
+		t.Fatalf("/metrics with one instance id in two models: %d", resp.StatusCode)
+	}
+	for _, reg := range []serve.Registration{
+		{InstanceID: 2, Endpoint: "tcp://x:1", ModelName: "a\x00b", BlockSize: bs},
+		{InstanceID: 2, Endpoint: "tcp://x:1", ModelName: "a", TenantID: "b:c", BlockSize: bs},
+		{InstanceID: 2, Endpoint: "tcp://x:1", ModelName: "a", TenantID: "t\x00", BlockSize: bs},
+	} {
+		if err := svc.Register(reg); !errors.Is(err, serve.ErrInvalid) {
+			t.Errorf("model %q tenant %q: %v, want refused", reg.ModelName, reg.TenantID, err)
+		}
 	}
 }

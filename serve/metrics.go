@@ -39,19 +39,19 @@ var (
 	descPairs     = prometheus.NewDesc("kvradix_index_pairs", "(instance, block) pairs a model's index holds.", []string{"model"}, nil)
 	descBytes     = prometheus.NewDesc("kvradix_index_estimated_bytes", "A model's index's memory, estimated at 28 bytes a pair (the measured figure on the trace).", []string{"model"}, nil)
 	descDepth     = prometheus.NewDesc("kvradix_index_queue_depth", "KV events queued in a model's index lanes.", []string{"model"}, nil)
-	descGaps      = prometheus.NewDesc("kvradix_subscriber_gaps_total", "Sequence gaps found in an engine's stream, by outcome.", []string{"instance", "dp_rank", "outcome"}, nil)
-	descReplayed  = prometheus.NewDesc("kvradix_subscriber_replayed_batches_total", "Batches recovered from an engine's replay socket.", []string{"instance", "dp_rank"}, nil)
-	descRestarts  = prometheus.NewDesc("kvradix_subscriber_resyncs_total", "Engine restarts resynced (its blocks cleared).", []string{"instance", "dp_rank"}, nil)
-	descLost      = prometheus.NewDesc("kvradix_subscriber_lost_batches_total", "Batches lost: not repairable, or undecodable.", []string{"instance", "dp_rank"}, nil)
-	descReceived  = prometheus.NewDesc("kvradix_subscriber_last_sequence", "The last sequence number received from an engine.", []string{"instance", "dp_rank"}, nil)
+	descGaps      = prometheus.NewDesc("kvradix_subscriber_gaps_total", "Sequence gaps found in an engine's stream, by outcome.", []string{"model", "instance", "dp_rank", "outcome"}, nil)
+	descReplayed  = prometheus.NewDesc("kvradix_subscriber_replayed_batches_total", "Batches recovered from an engine's replay socket.", []string{"model", "instance", "dp_rank"}, nil)
+	descRestarts  = prometheus.NewDesc("kvradix_subscriber_resyncs_total", "Engine restarts resynced (its blocks cleared).", []string{"model", "instance", "dp_rank"}, nil)
+	descLost      = prometheus.NewDesc("kvradix_subscriber_lost_batches_total", "Batches lost: not repairable, or undecodable.", []string{"model", "instance", "dp_rank"}, nil)
+	descReceived  = prometheus.NewDesc("kvradix_subscriber_last_sequence", "The last sequence number received from an engine.", []string{"model", "instance", "dp_rank"}, nil)
 	descBusSeq    = prometheus.NewDesc("kvradix_bus_sequence", "The last sequence of a model's bus stream its index applied (on a bus).", []string{"model"}, nil)
 	descBusBad    = prometheus.NewDesc("kvradix_bus_bad_messages_total", "Messages of a model's bus stream that did not decode or apply (on a bus).", []string{"model"}, nil)
-	descDown      = prometheus.NewDesc("kvradix_subscriber_down", "1 while an engine's connection is down (its last receive failed; reconnecting), else 0.", []string{"instance", "dp_rank"}, nil)
-	descLastMsg   = prometheus.NewDesc("kvradix_subscriber_last_message_timestamp_seconds", "When the last message from an engine came, in Unix seconds.", []string{"instance", "dp_rank"}, nil)
-	descRefused   = prometheus.NewDesc("kvradix_subscriber_events_refused_total", "An engine's events not indexed, by reason: another block size, a token count not block_size per hash, another KV cache group, an unknown type, undecodable (in a batch whose other events applied), remote (locality REMOTE).", []string{"instance", "dp_rank", "reason"}, nil)
-	descUndecod   = prometheus.NewDesc("kvradix_subscriber_undecodable_batches_total", "An engine's batches that did not decode at all (each also a lost batch).", []string{"instance", "dp_rank"}, nil)
-	descBadFrame  = prometheus.NewDesc("kvradix_subscriber_bad_frames_total", "An engine's live messages not [topic, 8-byte sequence, payload], or frames over the size limit.", []string{"instance", "dp_rank"}, nil)
-	descDisconnct = prometheus.NewDesc("kvradix_subscriber_disconnects_total", "Receive errors on an engine's connection (it reconnects).", []string{"instance", "dp_rank"}, nil)
+	descDown      = prometheus.NewDesc("kvradix_subscriber_down", "1 while an engine's connection is down (its last receive failed; reconnecting), else 0.", []string{"model", "instance", "dp_rank"}, nil)
+	descLastMsg   = prometheus.NewDesc("kvradix_subscriber_last_message_timestamp_seconds", "When the last message from an engine came, in Unix seconds.", []string{"model", "instance", "dp_rank"}, nil)
+	descRefused   = prometheus.NewDesc("kvradix_subscriber_events_refused_total", "An engine's events not indexed, by reason: another block size, a token count not block_size per hash, another KV cache group, an unknown type, undecodable (in a batch whose other events applied), remote (locality REMOTE).", []string{"model", "instance", "dp_rank", "reason"}, nil)
+	descUndecod   = prometheus.NewDesc("kvradix_subscriber_undecodable_batches_total", "An engine's batches that did not decode at all (each also a lost batch).", []string{"model", "instance", "dp_rank"}, nil)
+	descBadFrame  = prometheus.NewDesc("kvradix_subscriber_bad_frames_total", "An engine's live messages not [topic, 8-byte sequence, payload], or frames over the size limit.", []string{"model", "instance", "dp_rank"}, nil)
+	descDisconnct = prometheus.NewDesc("kvradix_subscriber_disconnects_total", "Receive errors on an engine's connection (it reconnects).", []string{"model", "instance", "dp_rank"}, nil)
 )
 
 func newMetrics(s *Service) *metrics {
@@ -158,32 +158,34 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			counter(descBusBad, idx.replica.Bad(), model)
 		}
 	}
+	// Engines are labelled by model too: one instance id may serve two
+	// models, and "model:tenant" is unique (a tenant holds no ':').
 	for k, inst := range s.instances {
-		st, id, rank := inst.sub.Stats(), fmt.Sprint(uint64(k.instance)), fmt.Sprint(k.rank)
-		counter(descGaps, st.GapsRepaired, id, rank, "repaired")
-		counter(descGaps, st.GapsLost, id, rank, "lost")
-		counter(descReplayed, st.Replayed, id, rank)
-		counter(descRestarts, st.Restarts, id, rank)
-		counter(descLost, st.BatchesLost, id, rank)
-		counter(descDisconnct, st.Disconnects, id, rank)
-		counter(descUndecod, st.DecodeErrors, id, rank)
-		counter(descBadFrame, st.BadFrames+st.FramesRefused, id, rank)
+		st, model, id, rank := inst.sub.Stats(), k.model+":"+k.tenant, fmt.Sprint(uint64(k.instance)), fmt.Sprint(k.rank)
+		counter(descGaps, st.GapsRepaired, model, id, rank, "repaired")
+		counter(descGaps, st.GapsLost, model, id, rank, "lost")
+		counter(descReplayed, st.Replayed, model, id, rank)
+		counter(descRestarts, st.Restarts, model, id, rank)
+		counter(descLost, st.BatchesLost, model, id, rank)
+		counter(descDisconnct, st.Disconnects, model, id, rank)
+		counter(descUndecod, st.DecodeErrors, model, id, rank)
+		counter(descBadFrame, st.BadFrames+st.FramesRefused, model, id, rank)
 		cs := st.Convert
 		for reason, n := range map[string]uint64{"block_size": cs.BadBlockSize, "token_count": cs.BadTokenCount, "other_group": cs.OtherGroup,
 			"unknown_type": cs.UnknownType, "undecodable": cs.Undecodable, "remote": cs.Remote} {
-			counter(descRefused, n, id, rank, reason)
+			counter(descRefused, n, model, id, rank, reason)
 		}
 		if r := inst.sub.Received(); len(r) > 0 {
-			gauge(descReceived, float64(r[0]), id, rank)
+			gauge(descReceived, float64(r[0]), model, id, rank)
 		}
 		for _, es := range inst.sub.States() {
 			down := 0.0
 			if es.Down {
 				down = 1
 			}
-			gauge(descDown, down, id, rank)
+			gauge(descDown, down, model, id, rank)
 			if !es.LastMessage.IsZero() {
-				gauge(descLastMsg, float64(es.LastMessage.UnixNano())/1e9, id, rank)
+				gauge(descLastMsg, float64(es.LastMessage.UnixNano())/1e9, model, id, rank)
 			}
 		}
 	}

@@ -38,8 +38,10 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/kvradix/kvradix/cluster"
 	"github.com/kvradix/kvradix/ingest/vllm"
@@ -241,6 +243,10 @@ func (r *Registration) check() error {
 	switch {
 	case r.ModelName == "":
 		return bad("model_name: missing")
+	case strings.ContainsFunc(r.ModelName, unicode.IsControl):
+		return bad("model_name: %q holds a control character", r.ModelName)
+	case strings.ContainsFunc(r.TenantID, unicode.IsControl) || strings.Contains(r.TenantID, ":"):
+		return bad("tenant_id: %q holds a control character or ':' (\"model:tenant\" names an index)", r.TenantID)
 	case r.BlockSize <= 0 || r.BlockSize > MaxBlockSize:
 		return bad("block_size: %d, want 1 to %d", r.BlockSize, MaxBlockSize)
 	case r.DPRank < 0 || r.DPRank > int(kvevent.MaxDPRank):

@@ -132,9 +132,9 @@ func TestServiceEndToEnd(t *testing.T) {
 	text, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{`kvradix_events_applied_total{model="m:default"}`, `kvradix_index_pairs{model="m:default"} 3`,
-		`kvradix_query_duration_seconds_count{endpoint="query"}`, `kvradix_subscriber_last_sequence{dp_rank="0",instance="7"}`,
+		`kvradix_query_duration_seconds_count{endpoint="query"}`, `kvradix_subscriber_last_sequence{dp_rank="0",instance="7",model="m:default"}`,
 		`kvradix_query_blocks_matched_total{model="m:default"}`, `kvradix_query_best_instance_total{instance="7",model="m:default"}`,
-		`kvradix_subscriber_down{dp_rank="0",instance="7"} 0`, `kvradix_subscriber_last_message_timestamp_seconds{dp_rank="0",instance="7"}`} {
+		`kvradix_subscriber_down{dp_rank="0",instance="7",model="m:default"} 0`, `kvradix_subscriber_last_message_timestamp_seconds{dp_rank="0",instance="7",model="m:default"}`} {
 		if !strings.Contains(string(text), want) {
 			t.Errorf("/metrics has no %s", want)
 		}
@@ -249,7 +249,7 @@ func TestRestartRecovers(t *testing.T) {
 	e.caughtUp(t, ts.URL, "the restarted service to catch up")
 	// It resumed where the first stood: it replayed the batches published
 	// while it was down (and the empty ones), not the engine's whole ring.
-	if n := metric(t, ts.URL, `kvradix_subscriber_replayed_batches_total{dp_rank="0",instance="7"}`); n < 10 || n > 25 {
+	if n := metric(t, ts.URL, `kvradix_subscriber_replayed_batches_total{dp_rank="0",instance="7",model="m:default"}`); n < 10 || n > 25 {
 		t.Fatalf("the restarted service replayed %v batches, want the 10-odd it missed", n)
 	}
 	ts.Close()
