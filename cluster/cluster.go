@@ -32,6 +32,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,9 +57,35 @@ type Server struct {
 	token string
 }
 
-// StartEmbedded starts a NATS server on a random loopback port with
-// JetStream storing under dir, requiring a token (see StartEmbeddedOn).
-func StartEmbedded(dir string) (*Server, error) { return StartEmbeddedOn(dir, server.RANDOM_PORT) }
+// StartEmbedded starts a NATS server on a loopback port with JetStream
+// storing under dir, requiring a token (see StartEmbeddedOn). The port is
+// random the first time and kept in dir's portFile: a server restarted on
+// its directory comes back on the same port, where the other replicas'
+// connections reconnect (on a new one they never would).
+func StartEmbedded(dir string) (*Server, error) {
+	port := server.RANDOM_PORT
+	if b, err := os.ReadFile(filepath.Join(dir, portFile)); err == nil {
+		p, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || p <= 0 || p > 65535 {
+			return nil, fmt.Errorf("cluster: %s: %q is not a port", filepath.Join(dir, portFile), b)
+		}
+		port = p
+	}
+	s, err := StartEmbeddedOn(dir, port)
+	if err != nil {
+		return nil, err
+	}
+	if port == server.RANDOM_PORT {
+		if err := os.WriteFile(filepath.Join(dir, portFile), []byte(strconv.Itoa(s.Port())+"\n"), 0o600); err != nil {
+			s.Shutdown()
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// portFile is where an embedded server keeps its port, in its directory.
+const portFile = "port"
 
 // StartEmbeddedOn is StartEmbedded on a given loopback port: a server
 // restarted on its port and directory keeps its streams, and clients
@@ -171,6 +199,14 @@ type Config struct {
 	Bucket    string        // the snapshots' object store ("KVSNAPSHOTS")
 	Duplicate time.Duration // the server's duplicate window (2m)
 	MaxMsgs   int64         // retention: messages kept (0: no limit)
+	// MaxAge and MaxBytes bound the stream (0: no limit): the oldest
+	// events go first. A replica joining later starts from the latest
+	// snapshot and follows the stream from the snapshot's sequence, so the
+	// bound must keep several snapshot intervals of events: a follow from
+	// further back is refused (RetentionGapError), never served with
+	// events missing.
+	MaxAge    time.Duration
+	MaxBytes  int64
 	LagWindow int           // how many of the latest events' lags a replica keeps (65536)
 	Patience  time.Duration // how long a call waits out a server away (restarting) before it errs (30s)
 	// Metadata is recorded on the stream, for ListStreams to find (what
@@ -231,9 +267,26 @@ func Connect(ctx context.Context, url string, cfg Config) (*Bus, error) {
 func dial(url string, auth Auth) (*nats.Conn, error) {
 	nc, err := nats.Connect(url, auth.options(nats.Timeout(5*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))...)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: connect %s: %w", url, err)
+		return nil, fmt.Errorf("cluster: connect %s: %w", Redact(url), err)
 	}
 	return nc, nil
+}
+
+// Redact returns a server URL (or a comma-separated list) with any
+// credentials in it (a token or user:password) replaced by "REDACTED",
+// for messages: a connect error never echoes the bus's secret.
+func Redact(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		scheme, rest, ok := strings.Cut(p, "://")
+		if !ok {
+			continue
+		}
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			parts[i] = scheme + "://REDACTED@" + rest[at+1:]
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 func (b *Bus) open(ctx context.Context) error {
@@ -256,7 +309,7 @@ func (b *Bus) open(ctx context.Context) error {
 func (b *Bus) streamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name: b.cfg.Stream, Subjects: []string{b.cfg.Subject + ".>"}, Duplicates: b.cfg.Duplicate,
-		Storage: jetstream.FileStorage, MaxMsgs: b.cfg.MaxMsgs, Metadata: b.cfg.Metadata,
+		Storage: jetstream.FileStorage, MaxMsgs: b.cfg.MaxMsgs, MaxAge: b.cfg.MaxAge, MaxBytes: b.cfg.MaxBytes, Metadata: b.cfg.Metadata,
 	}
 }
 

@@ -386,6 +386,50 @@ func TestEmbeddedServerRequiresItsToken(t *testing.T) {
 	b.Close()
 }
 
+// A wrong token's connect error does not echo the token (it carried the
+// URL whole), and Redact hides credentials in every URL of a list.
+func TestConnectErrorsHideTheToken(t *testing.T) {
+	ctx, srv, _ := setup(t)
+	u, _ := url.Parse(srv.URL())
+	u.User = url.User("s3cret-token")
+	if _, err := cluster.Connect(ctx, u.String(), cluster.Config{}); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("connect with a wrong token: %v", err)
+	}
+	for in, want := range map[string]string{
+		"nats://tok@h:1":                 "nats://REDACTED@h:1",
+		"nats://u:p@h:1,tls://t@g:2":     "nats://REDACTED@h:1,tls://REDACTED@g:2",
+		"nats://h:1":                     "nats://h:1",
+		"nats://a@b@h:1":                 "nats://REDACTED@h:1",
+		"embedded":                       "embedded",
+		"nats://127.0.0.1:4222,h2:4222/": "nats://127.0.0.1:4222,h2:4222/",
+	} {
+		if got := cluster.Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// An embedded server restarted on its directory comes back on its port:
+// the other replicas, connected to that port, reconnect (on a new one they
+// never would).
+func TestEmbeddedServerKeepsItsPort(t *testing.T) {
+	dir := t.TempDir()
+	srv, err := cluster.StartEmbedded(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := srv.Port()
+	srv.Shutdown()
+	srv, err = cluster.StartEmbedded(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	if srv.Port() != port {
+		t.Fatalf("restarted on port %d, was %d", srv.Port(), port)
+	}
+}
+
 // A peer with the server's token but no good intent forges load messages:
 // completions and first tokens of another replica's requests from a
 // made-up replica, admissions with a prompt of 2^40 tokens, garbage, and

@@ -36,7 +36,17 @@ type BusConfig struct {
 	// Discover is how often the replica looks for the streams of models
 	// it does not serve yet (1s).
 	Discover time.Duration
+	// MaxAge and MaxBytes bound each model's stream (0: no bound), oldest
+	// events first; MaxAge must be at least MinStreamAge×SnapshotEvery, so
+	// that a replica joining from the latest snapshot finds every event
+	// after it.
+	MaxAge   time.Duration
+	MaxBytes int64
 }
+
+// MinStreamAge is how many snapshot intervals a bounded stream keeps at
+// least (BusConfig.MaxAge).
+const MinStreamAge = 10
 
 // busSubjects is the subject every model's stream is under.
 const busSubjects = "kvradix.>"
@@ -66,6 +76,10 @@ func NewOnBus(cfg Config, bc BusConfig) (*Service, error) {
 	if bc.Discover <= 0 {
 		bc.Discover = time.Second
 	}
+	if bc.MaxAge < 0 || bc.MaxBytes < 0 || (bc.MaxAge > 0 && bc.MaxAge < MinStreamAge*bc.SnapshotEvery) {
+		return nil, fmt.Errorf("serve: bus: streams kept %v and %d bytes: want each 0 (no bound) or more, the age at least %d snapshot intervals (%v)",
+			bc.MaxAge, bc.MaxBytes, MinStreamAge, MinStreamAge*bc.SnapshotEvery)
+	}
 	dir, err := cluster.OpenDirectory(bc.URL, bc.Auth)
 	if err != nil {
 		return nil, fmt.Errorf("serve: bus: %w", err)
@@ -94,6 +108,7 @@ func busConfig(k modelKey, blockSize int, auth cluster.Auth) cluster.Config {
 // replica has yet); a stream of another block size is a conflict.
 func (b *bus) join(ctx context.Context, k modelKey, blockSize int) (*index, error) {
 	ccfg := busConfig(k, blockSize, b.cfg.Auth)
+	ccfg.MaxAge, ccfg.MaxBytes = b.cfg.MaxAge, b.cfg.MaxBytes
 	streams, err := b.dir.Streams(ctx, ccfg.Subject+".>")
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnreachable, err)

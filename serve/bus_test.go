@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/kvradix/kvradix/cluster"
 	"github.com/kvradix/kvradix/internal/testwait"
 	"github.com/kvradix/kvradix/serve"
@@ -66,5 +69,47 @@ func TestBusReplicas(t *testing.T) {
 	}
 	for _, url := range []string{tsA.URL, tsB.URL, tsC.URL} {
 		testwait.For(t, "every replica to drop the unregistered engine", func() bool { return len(dumpHoldings(t, url)) == 0 })
+	}
+}
+
+// The streams are bounded when asked (they kept every event for good),
+// never below what a replica joining from the latest snapshot needs.
+func TestBusStreamsAreBounded(t *testing.T) {
+	srv, err := cluster.StartEmbedded(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	if _, err := serve.NewOnBus(serve.Config{}, serve.BusConfig{URL: srv.URL(), SnapshotEvery: time.Minute, MaxAge: time.Minute}); err == nil {
+		t.Fatal("a stream kept one snapshot interval was accepted")
+	}
+	svc, err := serve.NewOnBus(serve.Config{}, serve.BusConfig{URL: srv.URL(), SnapshotEvery: time.Second, MaxAge: time.Hour, MaxBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	newEngine(t, 5).register(t, svc)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	streams := js.ListStreams(t.Context())
+	n := 0
+	for info := range streams.Info() {
+		if info.Config.Metadata["kvradix_model"] != "m" {
+			continue
+		}
+		n++
+		if info.Config.MaxAge != time.Hour || info.Config.MaxBytes != 1<<30 {
+			t.Errorf("stream %s keeps %v and %d bytes", info.Config.Name, info.Config.MaxAge, info.Config.MaxBytes)
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d streams of model m", n)
 	}
 }

@@ -54,6 +54,9 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	saveEvery := fs.Duration("save-every", time.Minute, "with -state, how often to save while serving (0: on shutdown only)")
 	natsURL := fs.String("nats", "", "follow a NATS JetStream bus, so that replicas serve the same indexes: its URL, or \"embedded\" to start one (in -state DIR/nats, or a temporary directory)")
 	natsCreds := fs.String("nats-creds", "", "a .creds file (JWT and nkey seed) for -nats")
+	natsTokenFile := fs.String("nats-token-file", "", "a file holding the -nats server's token (an embedded server's is DIR/nats/auth-token); or set "+natsTokenEnv+"; never put it in the URL, where ps shows it")
+	natsMaxAge := fs.Duration("nats-max-age", 0, "with -nats, keep each model's stream this long at most (0: for good; else at least 10 snapshot intervals, 10m)")
+	natsMaxBytes := fs.Int64("nats-max-bytes", 0, "with -nats, keep each model's stream to this many bytes at most (0: no bound)")
 	grace := fs.Duration("shutdown-grace", 10*time.Second, "on SIGTERM, how long requests in flight may take before their connections are cut")
 	tiers := fs.Bool("tiers", false, "keep every tier (host, disk, external): queries answer tier_scores, /route weighs blocks by tier (default: the device only)")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -83,7 +86,11 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	cfg := serve.Config{Lanes: *lanes, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl,
 		SaveEvery: *saveEvery, Tiers: *tiers, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
 	cfg.Subscriber.OnLoss = newLossLog(stderr, time.Second).log
-	svc, stopBus, err := open(cfg, *natsURL, *natsCreds, stdout)
+	auth, err := natsAuth(*natsCreds, *natsTokenFile, os.Getenv(natsTokenEnv))
+	if err != nil {
+		return err
+	}
+	svc, stopBus, err := open(cfg, serve.BusConfig{URL: *natsURL, Auth: auth, MaxAge: *natsMaxAge, MaxBytes: *natsMaxBytes}, stdout)
 	if err != nil {
 		return err
 	}
@@ -137,15 +144,33 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	return nil
 }
 
-// open returns the service: on its own, or following the bus at natsURL
+// natsTokenEnv is the environment variable -nats's token may come in.
+const natsTokenEnv = "KVRADIX_NATS_TOKEN"
+
+// natsAuth returns the bus credentials: a .creds file, or a token from a
+// file or the environment (never from argv, which any local user sees).
+func natsAuth(creds, tokenFile, tokenEnv string) (cluster.Auth, error) {
+	a := cluster.Auth{CredsFile: creds, Token: strings.TrimSpace(tokenEnv)}
+	if tokenFile != "" {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return a, fmt.Errorf("-nats-token-file: %w", err)
+		}
+		a.Token = strings.TrimSpace(string(b))
+	}
+	return a, nil
+}
+
+// open returns the service: on its own, or following the bus at bc.URL
 // ("embedded": a server started here, stopped by the returned func after
-// the service closes).
-func open(cfg serve.Config, natsURL, creds string, stdout io.Writer) (*serve.Service, func(), error) {
-	if natsURL == "" {
+// the service closes). No error or line it prints carries the bus's
+// token.
+func open(cfg serve.Config, bc serve.BusConfig, stdout io.Writer) (*serve.Service, func(), error) {
+	if bc.URL == "" {
 		return serve.New(cfg), func() {}, nil
 	}
 	stop := func() {}
-	if natsURL == "embedded" {
+	if bc.URL == "embedded" {
 		dir := filepath.Join(cfg.StateDir, "nats")
 		if cfg.StateDir == "" {
 			var err error
@@ -158,16 +183,24 @@ func open(cfg serve.Config, natsURL, creds string, stdout io.Writer) (*serve.Ser
 			return nil, nil, fmt.Errorf("-nats: %w", err)
 		}
 		stop = srv.Shutdown
-		natsURL = srv.URL()
-		fmt.Fprintf(stdout, "kvradix: NATS bus on 127.0.0.1:%d; other replicas: -nats nats://$(cat %s)@127.0.0.1:%d\n",
-			srv.Port(), filepath.Join(dir, "auth-token"), srv.Port())
+		bc.URL = srv.URL()
+		fmt.Fprintf(stdout, "kvradix: NATS bus on 127.0.0.1:%d; other replicas: -nats nats://127.0.0.1:%d -nats-token-file %s\n",
+			srv.Port(), srv.Port(), filepath.Join(dir, "auth-token"))
 	}
-	svc, err := serve.NewOnBus(cfg, serve.BusConfig{URL: natsURL, Auth: cluster.Auth{CredsFile: creds}})
+	svc, err := serve.NewOnBus(cfg, bc)
 	if err != nil {
 		stop()
-		return nil, nil, fmt.Errorf("-nats: %w", err)
+		return nil, nil, fmt.Errorf("-nats %s: %s", cluster.Redact(bc.URL), redactToken(err.Error(), bc.Auth.Token))
 	}
 	return svc, stop, nil
+}
+
+// redactToken removes a token from a message, wherever it appears.
+func redactToken(msg, token string) string {
+	if token == "" {
+		return msg
+	}
+	return strings.ReplaceAll(msg, token, "REDACTED")
 }
 
 // parseWorkers reads id=endpoint,... into registrations.

@@ -196,6 +196,7 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "-max-body", "-1"}, "-max-body"},
 		{[]string{"serve", "-block-size", "0"}, "-block-size"},
 		{[]string{"serve", "-block-size", "4294967312"}, "-block-size"},
+		{[]string{"serve", "-nats-token-file", "/nonexistent/token", "-nats", "nats://127.0.0.1:1"}, "-nats-token-file"},
 	} {
 		err := run(tc.args, io.Discard, io.Discard, nil)
 		if err == nil || !strings.Contains(err.Error(), tc.says) {
@@ -235,5 +236,30 @@ func TestLossLog(t *testing.T) {
 	if len(lines) != 3 || !strings.Contains(lines[0], "tcp://a:1") || !strings.Contains(lines[0], "1 events lost") ||
 		!strings.Contains(lines[1], "lost batches 1..3") || !strings.Contains(lines[2], "and 2 more") {
 		t.Fatalf("log:\n%s", out.String())
+	}
+}
+
+// The bus's token never shows in an error: not from the URL, not from the
+// file or the environment it is read from.
+func TestNATSTokenIsNeverEchoed(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("s3cret-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"serve", "-nats", "nats://s3cret-url@127.0.0.1:1"},
+		{"serve", "-nats", "nats://127.0.0.1:1", "-nats-token-file", file},
+	} {
+		err := run(args, io.Discard, io.Discard, nil)
+		if err == nil || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+	a, err := natsAuth("", file, "s3cret-env")
+	if err != nil || a.Token != "s3cret-file" {
+		t.Fatalf("the file's token: %+v %v", a, err)
+	}
+	if a, _ := natsAuth("", "", " s3cret-env\n"); a.Token != "s3cret-env" {
+		t.Fatalf("the environment's token: %+v", a)
 	}
 }
