@@ -1,6 +1,11 @@
 package radix
 
-import "github.com/kvradix/kvradix/kvevent"
+import (
+	"maps"
+	"slices"
+
+	"github.com/kvradix/kvradix/kvevent"
+)
 
 // Dump implements Index.
 func (t *CompressedTree) Dump() []kvevent.RouterEvent { return collect(t.dumpEach) }
@@ -59,13 +64,26 @@ func (t *CompressedTree) dumpEach(yield func(kvevent.RouterEvent)) {
 			return false
 		},
 	}
-	dumpByDepth(d, func(add func(w kvevent.Worker, h, n uint64)) {
-		t.workers.Range(func(w kvevent.Worker, xw *xworker) bool {
-			xw.eng.each(func(h, loc uint64) { add(w, h, loc) })
-			return true
-		})
-	}, func(loc uint64) uint32 {
+	depth := func(loc uint64) uint32 {
 		r, off := t.unpack(loc)
 		return startOf(r) + off
+	}
+	// One worker at a time (all its tiers' holders together, for parents
+	// held in another tier): the dump's tables hold one worker's blocks,
+	// not the whole index's. Each worker's events are parents first, its
+	// placeholders' removals last; workers are independent.
+	holders := map[kvevent.Worker][]*xworker{}
+	t.workers.Range(func(h kvevent.Worker, xw *xworker) bool {
+		w, _ := tierHolderOf(h)
+		holders[w] = append(holders[w], xw)
+		return true
 	})
+	for _, w := range slices.SortedFunc(maps.Keys(holders), compareWorkers) {
+		d.held, d.extra, d.placeholders, d.removals = nil, nil, nil, nil
+		dumpByDepth(d, func(add func(w kvevent.Worker, h, n uint64)) {
+			for _, xw := range holders[w] {
+				xw.eng.each(func(h, loc uint64) { add(xw.worker, h, loc) })
+			}
+		}, depth)
+	}
 }
