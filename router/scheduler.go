@@ -474,6 +474,19 @@ func (s *Scheduler) Admit(req SchedRequest, w kvevent.Worker) error {
 	return nil
 }
 
+// Blocks returns the sequence hashes an admitted request was admitted
+// with (nil if it is not in flight); the slice is the scheduler's, not to
+// be modified. A caller rebuilding a scheduler re-admits from it rather
+// than keeping a copy of its own.
+func (s *Scheduler) Blocks(id uuid.UUID) []uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.reqs[id]; ok {
+		return r.blocks
+	}
+	return nil
+}
+
 // MarkPrefillCompleted removes the request's prefill tokens from its
 // worker's load (idempotent for a known request).
 func (s *Scheduler) MarkPrefillCompleted(id uuid.UUID) error {

@@ -106,6 +106,26 @@ func TestSharedBlocksCountOnce(t *testing.T) {
 	}
 }
 
+// Blocks gives back an admitted request's blocks, for a caller rebuilding
+// a scheduler, and nothing once it is freed.
+func TestBlocksOfARequest(t *testing.T) {
+	s := newSched(t, baseCfg(), 2)
+	blocks := []uint64{7, 8, 9}
+	if err := s.Admit(SchedRequest{ID: id(1), ISL: 12, Blocks: blocks}, kvevent.Worker{ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	blocks[0] = 0 // the scheduler keeps its own copy
+	if got := s.Blocks(id(1)); len(got) != 3 || got[0] != 7 || got[2] != 9 {
+		t.Fatalf("blocks %v", got)
+	}
+	if err := s.Free(id(1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Blocks(id(1)); got != nil {
+		t.Fatalf("blocks of a freed request: %v", got)
+	}
+}
+
 func TestUnknownAndDuplicateIDs(t *testing.T) {
 	s := newSched(t, baseCfg(), 2)
 	if err := s.Free(id(9)); !errors.Is(err, ErrUnknownRequest) {

@@ -78,19 +78,19 @@ type modelRouter struct {
 // more (not the prompt, nor every worker's overlap).
 type routed struct {
 	id       uuid.UUID
-	blocks   []uint64 // sequence hashes
 	isl      int
 	worker   kvevent.Worker
 	overlap  uint32
 	tiers    *[kvevent.NumTiers]uint32 // its overlap per tier, with Config.Tiers
 	prefill  bool                      // first token reported
 	orphan   bool                      // its instance left: not in the scheduler
-	deadline time.Time
+	deadline int64                     // Unix ns
 }
 
-// request returns what the scheduler admits r as.
-func (r *routed) request() router.SchedRequest {
-	req := router.SchedRequest{ID: r.id, ISL: r.isl, Blocks: r.blocks, Overlaps: map[kvevent.Worker]uint32{r.worker: r.overlap}}
+// request returns what the scheduler admits r as, with its blocks (the
+// scheduler's copy: the request keeps none of its own).
+func (r *routed) request(blocks []uint64) router.SchedRequest {
+	req := router.SchedRequest{ID: r.id, ISL: r.isl, Blocks: blocks, Overlaps: map[kvevent.Worker]uint32{r.worker: r.overlap}}
 	if r.tiers != nil {
 		req.TierOverlaps = map[kvevent.Worker][kvevent.NumTiers]uint32{r.worker: *r.tiers}
 	}
@@ -125,7 +125,7 @@ func (m *modelRouter) scheduler(ws []kvevent.Worker, blockSize int) (*router.Sch
 		return nil, err
 	}
 	for _, r := range m.reqs {
-		if sched.Admit(r.request(), r.worker) != nil {
+		if r.orphan || sched.Admit(r.request(m.sched.Blocks(r.id)), r.worker) != nil {
 			// Its instance left (Unregister frees such requests; this one
 			// was admitted as it left): it counts nowhere, and its id
 			// stays the caller's to complete until its TTL.
@@ -158,7 +158,7 @@ func (m *modelRouter) admit(ws []kvevent.Worker, blockSize int, id string, isl i
 	if err != nil {
 		return kvevent.Worker{}, nil, err
 	}
-	rq := &routed{id: req.ID, blocks: req.Blocks, isl: isl, worker: wk, overlap: overlaps[wk], deadline: deadline}
+	rq := &routed{id: req.ID, isl: isl, worker: wk, overlap: overlaps[wk], deadline: deadline.UnixNano()}
 	if t, ok := tiers[wk]; ok {
 		rq.tiers = &t
 	}
@@ -254,7 +254,7 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		delete(s.routes, q.RequestID)
 	} else {
-		s.expectExpiry(expiry{deadline, q.RequestID, m})
+		s.expectExpiry(expiry{deadline.UnixNano(), q.RequestID, m})
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -332,7 +332,7 @@ func (s *Service) freeRoutesOf(gone map[*modelRouter]map[kvevent.Worker]bool) {
 // the order they were admitted, which (one TTL for all) is the order of
 // their deadlines: expire looks only at the front.
 type expiry struct {
-	at time.Time
+	at int64 // Unix ns
 	id string
 	m  *modelRouter
 }
@@ -366,13 +366,13 @@ func (s *Service) expire() {
 		case now := <-t.C:
 			s.mu.Lock()
 			n := 0
-			for ; n < len(s.expiries) && now.After(s.expiries[n].at); n++ {
+			for ; n < len(s.expiries) && now.UnixNano() > s.expiries[n].at; n++ {
 				e := s.expiries[n]
 				if s.routes[e.id] != e.m {
 					continue // completed, freed, or reused on another model
 				}
 				e.m.mu.Lock()
-				if rq := e.m.reqs[e.id]; rq != nil && now.After(rq.deadline) { // nil: being admitted
+				if rq := e.m.reqs[e.id]; rq != nil && now.UnixNano() > rq.deadline { // nil: being admitted
 					if !rq.orphan {
 						_ = e.m.sched.Free(rq.id)
 					}
