@@ -374,9 +374,12 @@ func TestRoutesLeaveWithTheirInstance(t *testing.T) {
 	defer ts.Close()
 	registerPublishers(t, svc, 2)
 	prompt := tokens(2*bs, 700)
-	var a serve.RouteAnswer
-	if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m", RequestID: "r1"}, &a); code != 200 {
+	var stays, a serve.RouteAnswer
+	if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m", RequestID: "r0"}, &stays); code != 200 {
 		t.Fatalf("route: %d", code)
+	}
+	if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m", RequestID: "r1"}, &a); code != 200 || a.InstanceID == stays.InstanceID {
+		t.Fatalf("route: %d, to %d beside r0's %d (the load should spread them)", code, a.InstanceID, stays.InstanceID)
 	}
 	if code := post(t, ts.URL+"/unregister", serve.Unregistration{InstanceID: a.InstanceID, ModelName: "m"}, nil); code != 200 {
 		t.Fatalf("unregister: %d", code)
@@ -384,9 +387,17 @@ func TestRoutesLeaveWithTheirInstance(t *testing.T) {
 	if code := post(t, ts.URL+"/requests/r1/complete", []byte("{}"), nil); code != 404 {
 		t.Fatalf("completing a request whose instance left: %d, want 404", code)
 	}
+	// The id is free again; the instance left carries r0, re-admitted
+	// into the scheduler rebuilt without the other (with its blocks).
 	var again serve.RouteAnswer
-	if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m", RequestID: "r1"}, &again); code != 200 || again.InstanceID == a.InstanceID {
+	if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m", RequestID: "r1"}, &again); code != 200 || again.InstanceID != stays.InstanceID {
 		t.Fatalf("the id again: %d %+v", code, again)
+	}
+	if again.ActiveRequests != 1 || again.DecodeBlocks != 2 {
+		t.Fatalf("r0 not carried over: %+v", again.Candidate)
+	}
+	if code := post(t, ts.URL+"/requests/r0/complete", []byte("{}"), nil); code != 200 {
+		t.Fatalf("completing r0: %d", code)
 	}
 }
 
