@@ -287,4 +287,6 @@ func BenchmarkRoutesInFlight(b *testing.B) {
 	slices.Sort(lat)
 	b.ReportMetric(perRoute, "bytes/route")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "query-p99-ns")
+	b.ReportMetric(float64(lat[len(lat)*999/1000].Nanoseconds()), "query-p999-ns")
+	b.ReportMetric(float64(lat[len(lat)-1].Nanoseconds()), "query-max-ns")
 }
