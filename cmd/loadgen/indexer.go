@@ -125,6 +125,8 @@ type indexerConfig struct {
 	quiet      bool
 	cpuprofile string
 	memprofile string
+	corpusFile string // an SMGMCK01 corpus to replay instead of building one
+	windowSet  bool   // -duration was given
 }
 
 func (c *indexerConfig) register(fs *flag.FlagSet) {
@@ -150,6 +152,7 @@ func (c *indexerConfig) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile to `file`")
 	fs.StringVar(&c.memprofile, "memprofile", "", "write a heap profile to `file` at the end")
+	fs.StringVar(&c.corpusFile, "corpus", "", "replay this SMGMCK01 corpus (loadgen corpus writes one) instead of building one from the trace; its deadlines are rescaled to -duration if given")
 	c.out.register(fs)
 }
 
@@ -179,6 +182,7 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	if fs.NArg() > 0 {
 		return fmt.Errorf("indexer: unexpected argument %q", fs.Arg(0))
 	}
+	fs.Visit(func(f *flag.Flag) { c.windowSet = c.windowSet || f.Name == "duration" })
 	if err := c.validate(); err != nil {
 		return err
 	}
@@ -226,8 +230,24 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	return nil
 }
 
-// buildCorpus loads the trace and builds the corpus, outside timing.
+// buildCorpus loads the trace and builds the corpus, outside timing (or
+// reads the -corpus file).
 func (c *indexerConfig) buildCorpus(progress io.Writer) (*corpus, error) {
+	if c.corpusFile != "" {
+		window := time.Duration(0)
+		if c.windowSet {
+			window = c.window
+		}
+		cp, err := loadCorpus(c.corpusFile, window)
+		if err != nil {
+			return nil, err
+		}
+		c.window, c.corpus.BlockSize, c.corpus.Trace = cp.window, cp.cfg.BlockSize, c.corpusFile
+		c.corpus.Dup, c.corpus.LengthFactor, c.corpus.Workers = cp.cfg.Dup, cp.cfg.LengthFactor, cp.workers
+		fmt.Fprintf(progress, "corpus %s: %d requests, %d events, %d block ops, window %v\n",
+			c.corpusFile, cp.requests, len(cp.ops)-cp.requests, cp.blockOps, cp.window)
+		return cp, nil
+	}
 	reqs, name, err := c.work.load()
 	if err != nil {
 		return nil, err

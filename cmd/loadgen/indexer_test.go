@@ -281,3 +281,50 @@ func TestServeCommand(t *testing.T) {
 		t.Fatalf("%+v", res)
 	}
 }
+
+// `loadgen corpus` writes the indexer's corpus in SMGMCK01, the same bytes
+// for the same flags; `indexer -corpus` replays it with the same counts;
+// a damaged corpus is refused naming the offset.
+func TestCorpusFile(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.smg"), filepath.Join(dir, "b.smg")
+	for _, out := range []string{a, b} {
+		if _, _, err := runArgs(t, append([]string{"corpus", "-out", out, "-quiet"}, indexerSmall...)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	da, _ := os.ReadFile(a)
+	db, _ := os.ReadFile(b)
+	if len(da) == 0 || !bytes.Equal(da, db) {
+		t.Fatalf("two corpora of the same flags differ (%d and %d bytes)", len(da), len(db))
+	}
+	built, _, err := runArgs(t, append([]string{"indexer", "-json", "-duration", "300ms", "-compare", "compressed"}, indexerSmall...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replayed, _, err := runArgs(t, "indexer", "-json", "-duration", "300ms", "-compare", "compressed", "-corpus", a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := func(out string) [3]float64 {
+		var rep struct {
+			Requests, Events float64
+			BlockOps         float64 `json:"block_ops"`
+		}
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return [3]float64{rep.Requests, rep.Events, rep.BlockOps}
+	}
+	if cb, cr := counts(built), counts(replayed); cb != cr || cb[0] == 0 {
+		t.Fatalf("built %v, replayed from the file %v", cb, cr)
+	}
+	da[9] ^= 0xFF // the version
+	bad := filepath.Join(dir, "bad.smg")
+	if err := os.WriteFile(bad, da, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runArgs(t, "indexer", "-corpus", bad, "-quiet"); err == nil || !strings.Contains(err.Error(), "offset") {
+		t.Fatalf("a damaged corpus: %v, want an error naming the offset", err)
+	}
+}
