@@ -71,7 +71,11 @@ type indexerResult struct {
 	QueryWaitUs      Latencies `json:"query_wait_us"`
 	UpdateLatencyUs  Latencies `json:"update_latency_us"` // event accepted to applied
 	IssueLagUs       Latencies `json:"issue_lag_us"`
-	DrainMs          float64   `json:"drain_ms"`            // issuers done to the last completion
+	DrainMs          float64   `json:"drain_ms"` // issuers done to the last completion
+	// HarnessCPUFrac is the CPU the issuers and the event feeders used
+	// (their threads' clocks), over the run's elapsed time × GOMAXPROCS:
+	// the share of the machine the harness took from the index.
+	HarnessCPUFrac   float64   `json:"issuer_cpu_fraction"`
 	QueueDepthAtStop int       `json:"queue_depth_at_stop"` // events and queries queued when the issuers stopped
 	EventsQueuedFrac float64   `json:"events_queued_frac"`  // of all events, those still queued then
 	BytesPerPair     float64   `json:"bytes_per_pair"`

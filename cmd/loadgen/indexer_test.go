@@ -32,7 +32,7 @@ func TestIndexerJSON(t *testing.T) {
 		t.Fatalf("%d results, want single + two pools + two compressed pools", len(rep.Results))
 	}
 	for _, k := range []string{"impl", "lanes", "offered_ops_s", "achieved_ops_s", "achieved_block_ops_s", "find_matches_us", "events_queued_frac", "bytes_per_pair", "saturated",
-		"generator_valid", "kept_up", "logical_ops", "block_ops", "query_service_us", "query_wait_us", "update_latency_us", "issue_lag_us", "drain_ms"} {
+		"generator_valid", "kept_up", "logical_ops", "block_ops", "query_service_us", "query_wait_us", "update_latency_us", "issue_lag_us", "drain_ms", "issuer_cpu_fraction"} {
 		if _, ok := rep.Results[0][k]; !ok {
 			t.Errorf("result lacks %q", k)
 		}
