@@ -328,3 +328,32 @@ func TestCorpusFile(t *testing.T) {
 		t.Fatalf("a damaged corpus: %v, want an error naming the offset", err)
 	}
 }
+
+// `loadgen holes`: lookups across workers' holes, checked against the
+// model, are never wrong for any indexer, and the corpus does cross holes.
+func TestHoles(t *testing.T) {
+	out, _, err := runArgs(t, "holes", "-json", "-stores", "300", "-lookups", "2000", "-chains", "50", "-workers", "8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Results []struct {
+			Impl           string
+			Lookups        int `json:"lookups"`
+			Wrong          int `json:"wrong_lookups"`
+			PastHole       int `json:"lookups_past_a_hole"`
+			RejectedStores int `json:"rejected_stores"`
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(rep.Results) != 3 {
+		t.Fatalf("%d results", len(rep.Results))
+	}
+	for _, r := range rep.Results {
+		if r.Lookups != 2000 || r.Wrong != 0 || r.PastHole < 100 || r.RejectedStores != 0 {
+			t.Fatalf("%+v", r)
+		}
+	}
+}
