@@ -162,13 +162,7 @@ func BenchmarkDump(b *testing.B) {
 	defer svc.Close()
 	ts := httptest.NewServer(svc.Handler())
 	defer ts.Close()
-	var growth uint64
-	for b.Loop() {
-		b.StopTimer()
-		runtime.GC()
-		debug.FreeOSMemory()
-		before := rssPeakReset()
-		b.StartTimer()
+	rssGrowthLoop(b, func() {
 		resp, err := http.Get(ts.URL + "/dump")
 		if err != nil {
 			b.Fatal(err)
@@ -178,11 +172,7 @@ func BenchmarkDump(b *testing.B) {
 		if resp.StatusCode != http.StatusOK || n < int64(pairs)*50 {
 			b.Fatalf("dump: %d, %d bytes for %d pairs", resp.StatusCode, n, pairs)
 		}
-		if peak := rssPeak(); peak > before {
-			growth = max(growth, peak-before)
-		}
-	}
-	b.ReportMetric(float64(growth)/(1<<20), "rss-growth-MB")
+	})
 	b.ReportMetric(float64(pairs), "pairs")
 }
 
@@ -197,13 +187,7 @@ func BenchmarkLargeBodies(b *testing.B) {
 	defer ts.Close()
 	body := append([]byte(`{"model_name": "m", "token_ids": [`), bytes.Repeat([]byte("1,"), (8<<20)/2-40)...)
 	body = append(body, "1]}"...)
-	var growth uint64
-	for b.Loop() {
-		b.StopTimer()
-		runtime.GC()
-		debug.FreeOSMemory()
-		before := rssPeakReset()
-		b.StartTimer()
+	rssGrowthLoop(b, func() {
 		var wg sync.WaitGroup
 		for range 16 {
 			wg.Go(func() {
@@ -220,6 +204,21 @@ func BenchmarkLargeBodies(b *testing.B) {
 			})
 		}
 		wg.Wait()
+	})
+}
+
+// rssGrowthLoop runs f in b.Loop, each time from a collected heap, and
+// reports rss-growth-MB: the most the process's peak RSS rose over its RSS
+// before f.
+func rssGrowthLoop(b *testing.B, f func()) {
+	var growth uint64
+	for b.Loop() {
+		b.StopTimer()
+		runtime.GC()
+		debug.FreeOSMemory()
+		before := rssPeakReset()
+		b.StartTimer()
+		f()
 		if peak := rssPeak(); peak > before {
 			growth = max(growth, peak-before)
 		}

@@ -696,27 +696,36 @@ func TestPause(t *testing.T) {
 	sameIndex(t, pool.Index(), want)
 }
 
+// settledEngine is an engine with a replay endpoint and a subscriber
+// (200 ms handshake timeout) that has applied its first n batches.
+func settledEngine(t *testing.T, n int) (*engineUnderTest, *Subscriber) {
+	t.Helper()
+	e := newEngine(t, 1, PublisherConfig{Topic: "kv@e@m", ReplayEndpoint: "x"})
+	pool := shardpool.NewPool(1, bs)
+	t.Cleanup(func() { pool.Close() })
+	sub, err := NewSubscriber(pool, SubscriberConfig{BlockSize: bs, HandshakeTimeout: 200 * time.Millisecond}, e.endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Close() })
+	connect(t, sub, e)
+	e.publish(t, n, radix.NewTree())
+	settle(t, sub, e)
+	return e, sub
+}
+
 // An engine away for longer than the handshake timeout (a restart takes
 // its time) is still reconnected to: reconnects retry for as long as the
 // subscriber lives, not HandshakeTimeout's worth of tries (it never was
 // heard from again).
 func TestPublisherComesBackLate(t *testing.T) {
-	e := newEngine(t, 1, PublisherConfig{Topic: "kv@e@m", ReplayEndpoint: "x"})
-	pool := shardpool.NewPool(1, bs)
-	defer pool.Close()
-	sub, err := NewSubscriber(pool, SubscriberConfig{BlockSize: bs, HandshakeTimeout: 200 * time.Millisecond}, e.endpoint())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	connect(t, sub, e)
-	e.publish(t, 10, radix.NewTree())
-	settle(t, sub, e)
+	e, sub := settledEngine(t, 10)
 	live, replay := strings.TrimPrefix(e.pub.Addr(), "tcp://"), strings.TrimPrefix(e.pub.ReplayAddr(), "tcp://")
 	e.pub.Close()
 	time.Sleep(time.Second) // away for five handshake timeouts: the scenario, not a wait
 	var p *Publisher
 	testwait.For(t, "the ports to be free again", func() bool {
+		var err error
 		p, err = NewPublisher(PublisherConfig{Endpoint: "tcp://" + live, ReplayEndpoint: "tcp://" + replay, Topic: "kv@e@m"})
 		return err == nil
 	})
@@ -734,17 +743,7 @@ func TestPublisherComesBackLate(t *testing.T) {
 // every 50 ms for good. (Coming back later than before, a restarted engine
 // is still known for one: TestPublisherComesBackLate.)
 func TestDeadEngineIsDownAndBackedOff(t *testing.T) {
-	e := newEngine(t, 1, PublisherConfig{Topic: "kv@e@m", ReplayEndpoint: "x"})
-	pool := shardpool.NewPool(1, bs)
-	defer pool.Close()
-	sub, err := NewSubscriber(pool, SubscriberConfig{BlockSize: bs, HandshakeTimeout: 200 * time.Millisecond}, e.endpoint())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	connect(t, sub, e)
-	e.publish(t, 5, radix.NewTree())
-	settle(t, sub, e)
+	e, sub := settledEngine(t, 5)
 	if sub.States()[0].Down {
 		t.Fatal("down while connected")
 	}
