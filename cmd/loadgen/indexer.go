@@ -75,17 +75,33 @@ type indexerResult struct {
 	// HarnessCPUFrac is the CPU the issuers and the event feeders used
 	// (their threads' clocks), over the run's elapsed time × GOMAXPROCS:
 	// the share of the machine the harness took from the index.
-	HarnessCPUFrac   float64   `json:"issuer_cpu_fraction"`
-	QueueDepthAtStop int       `json:"queue_depth_at_stop"` // events and queries queued when the issuers stopped
-	EventsQueuedFrac float64   `json:"events_queued_frac"`  // of all events, those still queued then
-	BytesPerPair     float64   `json:"bytes_per_pair"`
-	Pairs            int       `json:"pairs"`
-	Rejected         uint64    `json:"rejected_events"`
-	Saturated        bool      `json:"saturated"` // = !kept_up
-	Interrupted      bool      `json:"interrupted,omitempty"`
-	ThresholdOpsS    float64   `json:"threshold_ops_s,omitempty"`
-	ThresholdP99Us   float64   `json:"threshold_p99_us,omitempty"`
-	Sweep            []sweepPt `json:"sweep,omitempty"`
+	HarnessCPUFrac float64 `json:"issuer_cpu_fraction"`
+	// LaneCPUNs is the CPU the index used during the run: the process's,
+	// less the harness's (lanes, lookups, and the collector working for
+	// them); BlockOpsPerLaneCPU, the block operations over it, is what the
+	// field calls block-ops/s per lane core.
+	LaneCPUNs          int64     `json:"lane_cpu_ns"`
+	BlockOpsPerLaneCPU float64   `json:"achieved_block_ops_per_lane_cpu_sec"`
+	QueueDepthAtStop   int       `json:"queue_depth_at_stop"` // events and queries queued when the issuers stopped
+	EventsQueuedFrac   float64   `json:"events_queued_frac"`  // of all events, those still queued then
+	BytesPerPair       float64   `json:"bytes_per_pair"`
+	Pairs              int       `json:"pairs"`
+	Rejected           uint64    `json:"rejected_events"`
+	Saturated          bool      `json:"saturated"` // = !kept_up
+	Interrupted        bool      `json:"interrupted,omitempty"`
+	ThresholdOpsS      float64   `json:"threshold_ops_s,omitempty"`
+	ThresholdP99Us     float64   `json:"threshold_p99_us,omitempty"`
+	Sweep              []sweepPt `json:"sweep,omitempty"`
+}
+
+// setLaneCPU records the index's CPU time and the block operations per
+// second of it.
+func (r *indexerResult) setLaneCPU(ns int64) {
+	if ns <= 0 {
+		return
+	}
+	r.LaneCPUNs = ns
+	r.BlockOpsPerLaneCPU = float64(r.BlockOps) / (float64(ns) / 1e9)
 }
 
 type sweepPt struct {
@@ -131,6 +147,7 @@ type indexerConfig struct {
 	memprofile string
 	corpusFile string // an SMGMCK01 corpus to replay instead of building one
 	windowSet  bool   // -duration was given
+	sustained  bool
 }
 
 func (c *indexerConfig) register(fs *flag.FlagSet) {
@@ -156,6 +173,7 @@ func (c *indexerConfig) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile to `file`")
 	fs.StringVar(&c.memprofile, "memprofile", "", "write a heap profile to `file` at the end")
+	fs.BoolVar(&c.sustained, "sustained", false, "find the sustained rate: each point in 3 fresh processes, all kept up at >= 99% of offered; the window halves from -duration, then bisects to 10% (one indexer: -compare and -lanes)")
 	fs.StringVar(&c.corpusFile, "corpus", "", "replay this SMGMCK01 corpus (loadgen corpus writes one) instead of building one from the trace; its deadlines are rescaled to -duration if given")
 	c.out.register(fs)
 }
@@ -196,6 +214,9 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	}
 	intr, release := watch(stop)
 	defer release()
+	if c.sustained {
+		return runSustained(args, c.window, c.out, stdout, stderr, intr)
+	}
 	if c.repeat > 1 {
 		return runRepeated(args, c.repeat, c.out, stdout, stderr, intr)
 	}

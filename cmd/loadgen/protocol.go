@@ -263,6 +263,7 @@ func (c *corpus) runOn(idx shardpool.Indexer, im shardpool.Impl, p protocol, sto
 	}
 	s.feeders = make([]*feeder, len(parts))
 	var lanes, feeders, issuers sync.WaitGroup
+	cpu0 := processCPU()
 	s.start = time.Now()
 	for l := range s.lanes {
 		lanes.Go(func() { s.serve(l) })
@@ -292,7 +293,9 @@ func (c *corpus) runOn(idx shardpool.Indexer, im shardpool.Impl, p protocol, sto
 	lanes.Wait()
 	_, _ = idx.Flush()
 	end := s.since()
+	cpu := processCPU() - cpu0
 	r := s.result(im, before, stopped, end, depth)
+	r.setLaneCPU(cpu - s.harnessCPU.Load())
 	r.EventsQueuedFrac = float64(events) / float64(max(r.Events, 1))
 	return r
 }

@@ -171,3 +171,33 @@ func TestIndexerRepeat(t *testing.T) {
 		t.Fatal("-repeat 0 accepted")
 	}
 }
+
+// -sustained searches the threshold in fresh processes: every point
+// reported, the window halving until one fails and then bisected, the
+// sustained rate a passing point's offered rate, with its figure per
+// second of the index's CPU.
+func TestSustained(t *testing.T) {
+	out, _, err := runArgs(t, append([]string{"indexer", "-json", "-sustained", "-compare", "compressed", "-duration", "400ms"}, indexerSmall...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep sustainedReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(rep.Points) < 2 {
+		t.Fatalf("%d points", len(rep.Points))
+	}
+	best := 0.0
+	for _, p := range rep.Points {
+		if p.Passed {
+			if len(p.AchievedBlockOpsS) != sustainedRuns {
+				t.Fatalf("a passing point of %d processes", len(p.AchievedBlockOpsS))
+			}
+			best = max(best, p.OfferedBlockOpsS)
+		}
+	}
+	if rep.SustainedBlockOpsS != best || (best > 0 && rep.SustainedPerLaneCPU <= 0) {
+		t.Fatalf("sustained %v (per lane CPU %v), best passing point %v", rep.SustainedBlockOpsS, rep.SustainedPerLaneCPU, best)
+	}
+}
