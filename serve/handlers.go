@@ -51,6 +51,13 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		reply(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
+	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, _ *http.Request) {
+		if ok, why := s.Ready(); !ok {
+			reply(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": why})
+			return
+		}
+		reply(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		fail(w, http.StatusForbidden, errors.New("cross-origin request refused"))
@@ -163,21 +170,66 @@ func (s *Service) unregister(w http.ResponseWriter, r *http.Request) {
 
 // Query is a POST /query body.
 type Query struct {
-	TokenIDs  []uint32 `json:"token_ids"`
-	ModelName string   `json:"model_name"`
-	TenantID  string   `json:"tenant_id,omitempty"`
-	LoRAName  string   `json:"lora_name,omitempty"`
+	TokenIDs     []uint32 `json:"token_ids"`
+	ModelName    string   `json:"model_name"`
+	TenantID     string   `json:"tenant_id,omitempty"`
+	RoutingGroup string   `json:"routing_group,omitempty"` // Dynamo's name of the partition; tenant_id is its synonym
+	LoRAName     string   `json:"lora_name,omitempty"`
 	// CacheSalt matches blocks engines stored under this cache_salt
 	// (SGLang's salted stores, vLLM's map events): without it, salted
 	// blocks never match.
 	CacheSalt string `json:"cache_salt,omitempty"`
 }
 
+func (x *Query) partition() (*string, string) { return &x.TenantID, x.RoutingGroup }
+
 // HashQuery is a POST /query_by_hash body: local (tokens) block hashes.
 type HashQuery struct {
-	BlockHashes []uint64 `json:"block_hashes"`
-	ModelName   string   `json:"model_name"`
-	TenantID    string   `json:"tenant_id,omitempty"`
+	BlockHashes  Hashes `json:"block_hashes"`
+	ModelName    string `json:"model_name"`
+	TenantID     string `json:"tenant_id,omitempty"`
+	RoutingGroup string `json:"routing_group,omitempty"` // Dynamo's name of the partition; tenant_id is its synonym
+}
+
+func (x *HashQuery) partition() (*string, string) { return &x.TenantID, x.RoutingGroup }
+
+// Hashes are block hashes as JSON numbers, unsigned or signed: Dynamo's
+// clients send hashes of 2^63 and over as negative int64s, which are read
+// as the same 64 bits. They are written unsigned.
+type Hashes []uint64
+
+// UnmarshalJSON reads an array of integers (or null), each from -2^63 to
+// 2^64-1, naming the element it refuses.
+func (h *Hashes) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if string(b) == "null" {
+		*h = nil
+		return nil
+	}
+	if len(b) < 2 || b[0] != '[' || b[len(b)-1] != ']' {
+		return errors.New("block_hashes: want an array of integers")
+	}
+	out := (*h)[:0]
+	for i, rest := 0, bytes.TrimSpace(b[1:len(b)-1]); len(rest) > 0; i++ {
+		num, tail, _ := bytes.Cut(rest, []byte{','})
+		num = bytes.TrimSpace(num)
+		v, err := strconv.ParseUint(string(num), 10, 64)
+		if err != nil && len(num) > 0 && num[0] == '-' {
+			var sv int64
+			sv, err = strconv.ParseInt(string(num), 10, 64)
+			v = uint64(sv)
+		}
+		if err != nil {
+			return fmt.Errorf("block_hashes[%d]: %q is not an integer from -2^63 to 2^64-1", i, num)
+		}
+		out = append(out, v)
+		if len(tail) == 0 && len(rest) > len(num) && bytes.HasSuffix(bytes.TrimSpace(rest), []byte{','}) {
+			return fmt.Errorf("block_hashes[%d]: a trailing comma", i+1)
+		}
+		rest = bytes.TrimSpace(tail)
+	}
+	*h = out
+	return nil
 }
 
 // Scores is a query's answer.
@@ -447,6 +499,26 @@ const dumpGCEvery = 1 << 17
 // dumpSettle bounds how long a dump waits for an index to catch up.
 const dumpSettle = 5 * time.Second
 
+// partitioned is a request naming a partition by Dynamo's routing_group,
+// kvradix's tenant_id, or both (the same).
+type partitioned interface {
+	partition() (tenant *string, routingGroup string)
+}
+
+// resolvePartition makes routing_group the tenant, refusing a tenant_id
+// that differs from it.
+func resolvePartition(p partitioned) error {
+	t, g := p.partition()
+	switch {
+	case g == "":
+	case *t != "" && *t != g:
+		return fmt.Errorf("routing_group %q and tenant_id %q: give one, or the same", g, *t)
+	default:
+		*t = g
+	}
+	return nil
+}
+
 // bodies are request bodies being read: reused, so that reading one does
 // not allocate.
 var bodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -467,6 +539,9 @@ func (s *Service) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	}
 	if err == nil {
 		err = json.Unmarshal(buf.Bytes(), v) // strings copied: the buffer is reused
+	}
+	if p, ok := v.(partitioned); ok && err == nil {
+		err = resolvePartition(p)
 	}
 	if err == nil {
 		return true

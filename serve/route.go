@@ -27,12 +27,15 @@ import (
 // RouteRequest is a POST /route body: token_ids, or block_hashes (local
 // hashes at the model's block size).
 type RouteRequest struct {
-	TokenIDs    []uint32 `json:"token_ids,omitempty"`
-	BlockHashes []uint64 `json:"block_hashes,omitempty"`
-	ModelName   string   `json:"model_name"`
-	TenantID    string   `json:"tenant_id,omitempty"`
-	RequestID   string   `json:"request_id,omitempty"` // the caller's; a new UUID if empty
+	TokenIDs     []uint32 `json:"token_ids,omitempty"`
+	BlockHashes  Hashes   `json:"block_hashes,omitempty"` // unsigned or signed (see Hashes)
+	ModelName    string   `json:"model_name"`
+	TenantID     string   `json:"tenant_id,omitempty"`
+	RoutingGroup string   `json:"routing_group,omitempty"` // Dynamo's name of the partition; tenant_id is its synonym
+	RequestID    string   `json:"request_id,omitempty"`    // the caller's; a new UUID if empty
 }
+
+func (x *RouteRequest) partition() (*string, string) { return &x.TenantID, x.RoutingGroup }
 
 // RouteAnswer is POST /route's answer: the chosen instance and rank, its
 // cost terms, and every candidate's, so a caller can see why.

@@ -17,6 +17,7 @@
 //	POST /route           {token_ids | block_hashes, model_name, tenant_id?, request_id?} (see route.go)
 //	POST /requests/{id}/first_token, /requests/{id}/complete
 //	GET  /health
+//	GET  /ready           200 once the saved state is recovered and no engine's first dial is in progress, else 503 saying why
 //	GET  /metrics         Prometheus: events, gaps and losses per engine, query and route latency, hit rate, routes per instance, saves
 //
 // Queries answer {"scores": {"<instance>": {"<rank>": matched tokens}},
@@ -40,6 +41,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 
@@ -200,6 +202,10 @@ type Service struct {
 	expiries  []expiry                // their deadlines, soonest first (see expire)
 	closed    bool
 
+	// recovering, with Config.StateDir, until Recover has run: the
+	// service is not ready (Ready) before.
+	recovering atomic.Bool
+
 	bus *bus // NewOnBus's
 }
 
@@ -209,6 +215,7 @@ func New(cfg Config) *Service {
 	s := &Service{cfg: cfg, indexes: map[modelKey]*index{}, instances: map[instanceKey]*instance{},
 		pending: map[instanceKey]bool{}, routes: map[string]*modelRouter{}, dumping: make(chan struct{}, 1), large: make(chan struct{}, largeBodies)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.recovering.Store(cfg.StateDir != "")
 	s.metrics = newMetrics(s)
 	s.bg.Go(s.expire)
 	if cfg.StateDir != "" && cfg.SaveEvery > 0 {
@@ -224,9 +231,12 @@ type Registration struct {
 	ModelName      string `json:"model_name"`
 	BlockSize      int    `json:"block_size"`
 	TenantID       string `json:"tenant_id,omitempty"`
+	RoutingGroup   string `json:"routing_group,omitempty"` // Dynamo's name of the partition; tenant_id is its synonym
 	DPRank         int    `json:"dp_rank,omitempty"`
 	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
 }
+
+func (x *Registration) partition() (*string, string) { return &x.TenantID, x.RoutingGroup }
 
 // MaxBlockSize is the largest block size a model may be registered with:
 // far above any engine's (vLLM's and SGLang's are 1 to a few hundred
@@ -269,6 +279,9 @@ func (s *Service) Register(r Registration) error { return s.subscribe(r, 0) }
 // registration completed under the lock again, unless the instance was
 // unregistered or the service closed meanwhile.
 func (s *Service) subscribe(r Registration, resumeAt uint64) error {
+	if err := resolvePartition(&r); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
 	if r.TenantID == "" {
 		r.TenantID = DefaultTenant
 	}
@@ -386,11 +399,14 @@ func (s *Service) admissible(key instanceKey, blockSize int) (*index, error) {
 // Unregistration is a POST /unregister body: no tenant means every
 // tenant of the model, no rank every rank.
 type Unregistration struct {
-	InstanceID uint64 `json:"instance_id"`
-	ModelName  string `json:"model_name"`
-	TenantID   string `json:"tenant_id,omitempty"`
-	DPRank     *int   `json:"dp_rank,omitempty"`
+	InstanceID   uint64 `json:"instance_id"`
+	ModelName    string `json:"model_name"`
+	TenantID     string `json:"tenant_id,omitempty"`
+	RoutingGroup string `json:"routing_group,omitempty"` // Dynamo's name of the partition; tenant_id is its synonym
+	DPRank       *int   `json:"dp_rank,omitempty"`
 }
+
+func (x *Unregistration) partition() (*string, string) { return &x.TenantID, x.RoutingGroup }
 
 // leaving is an instance being unregistered.
 type leaving struct {
@@ -402,6 +418,9 @@ type leaving struct {
 // Unregister stops following the instance and drops its blocks, and its
 // model's index if no instance is left.
 func (s *Service) Unregister(u Unregistration) error {
+	if err := resolvePartition(&u); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
 	s.regMu.Lock()
 	defer s.regMu.Unlock()
 	var gone []leaving
@@ -480,6 +499,24 @@ func (s *Service) registered(key instanceKey) bool {
 	defer s.mu.Unlock()
 	_, ok := s.instances[key]
 	return ok
+}
+
+// Ready reports whether the service serves all it is going to: its saved
+// state recovered (with Config.StateDir), no engine's first dial still in
+// progress, and not closed; if not, why.
+func (s *Service) Ready() (bool, string) {
+	if s.recovering.Load() {
+		return false, "recovering the saved state"
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return false, "closed"
+	case len(s.pending) > 0:
+		return false, fmt.Sprintf("%d engines being dialled", len(s.pending))
+	}
+	return true, ""
 }
 
 // Worker is one instance in GET /workers.

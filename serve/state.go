@@ -164,6 +164,7 @@ type Recovered struct {
 // truncated, another version, a snapshot of another block size) is refused
 // with an error saying why, and the service stays empty.
 func (s *Service) Recover() (Recovered, error) {
+	defer s.recovering.Store(false)
 	var rec Recovered
 	if s.cfg.StateDir == "" {
 		return rec, nil
