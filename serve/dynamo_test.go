@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/kvradix/kvradix/hashing"
-	"github.com/kvradix/kvradix/internal/testwait"
 	"github.com/kvradix/kvradix/ingest/vllm"
+	"github.com/kvradix/kvradix/internal/testwait"
 	"github.com/kvradix/kvradix/serve"
 )
 
