@@ -29,11 +29,7 @@ func runCorpus(args []string, stdout, stderr io.Writer) error {
 	if err := c.validate(); err != nil {
 		return err
 	}
-	progress := stderr
-	if c.quiet {
-		progress = io.Discard
-	}
-	cp, err := c.buildCorpus(progress)
+	cp, err := c.buildCorpus(c.progress(stderr))
 	if err != nil {
 		return err
 	}

@@ -220,10 +220,7 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	if c.repeat > 1 {
 		return runRepeated(args, c.repeat, c.out, stdout, stderr, intr)
 	}
-	progress := stderr
-	if c.quiet {
-		progress = io.Discard
-	}
+	progress := c.progress(stderr)
 	cp, err := c.buildCorpus(progress)
 	if err != nil {
 		return err
@@ -253,6 +250,14 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 		return errInterrupted
 	}
 	return nil
+}
+
+// progress is where progress lines go: stderr, unless -quiet.
+func (c *indexerConfig) progress(stderr io.Writer) io.Writer {
+	if c.quiet {
+		return io.Discard
+	}
+	return stderr
 }
 
 // buildCorpus loads the trace and builds the corpus, outside timing (or

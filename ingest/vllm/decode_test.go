@@ -25,9 +25,11 @@ type vector struct {
 	BatchHex string `json:"batch_hex"`
 }
 
-func loadVectors(t testing.TB) []vector {
+func loadVectors(t testing.TB) []vector { return loadVectorFile(t, "testdata/handmade-vectors.json") }
+
+func loadVectorFile(t testing.TB, file string) []vector {
 	t.Helper()
-	raw, err := os.ReadFile("testdata/handmade-vectors.json")
+	raw, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,16 +89,7 @@ func TestHandmadeVectors(t *testing.T) {
 // is compared by its field), and the encoder writes the first three back
 // byte for byte.
 func TestNewerShapes(t *testing.T) {
-	raw, err := os.ReadFile("testdata/newer-shapes.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f struct {
-		Vectors []vector `json:"vectors"`
-	}
-	if err := json.Unmarshal(raw, &f); err != nil {
-		t.Fatal(err)
-	}
+	vectors := loadVectorFile(t, "testdata/newer-shapes.json")
 	cleared := Event{Type: AllBlocksCleared}
 	want := map[string]struct {
 		events []Event
@@ -108,10 +101,10 @@ func TestNewerShapes(t *testing.T) {
 		"map_remote_removed":   {[]Event{{Type: BlockRemoved, BlockHashes: []uint64{5}, Medium: "GPU", Locality: "REMOTE"}}, MapEncoding, ""},
 		"one_bad_event":        {[]Event{cleared, {}, cleared}, ArrayEncoding, "block_hashes[0]"},
 	}
-	if len(f.Vectors) != len(want) {
-		t.Fatalf("%d vectors, want %d", len(f.Vectors), len(want))
+	if len(vectors) != len(want) {
+		t.Fatalf("%d vectors, want %d", len(vectors), len(want))
 	}
-	for _, v := range f.Vectors {
+	for _, v := range vectors {
 		w, ok := want[v.Name]
 		if !ok {
 			t.Fatalf("vector %q unknown", v.Name)
