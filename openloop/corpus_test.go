@@ -211,3 +211,23 @@ func FuzzRead(f *testing.F) {
 		}
 	})
 }
+
+// Dist is nearest-rank: p50 of 1..100 ms is 50 ms, p99 99 ms, p999 and
+// the max 100 ms; no samples, all zero.
+func TestDist(t *testing.T) {
+	var xs []time.Duration
+	for i := 100; i >= 1; i-- {
+		xs = append(xs, time.Duration(i)*time.Millisecond)
+	}
+	d := Dist(xs[:50], xs[50:])
+	ms := uint64(time.Millisecond)
+	if d.P50 != 50*ms || d.P99 != 99*ms || d.P999 != 100*ms || d.Max != 100*ms {
+		t.Fatalf("%+v", d)
+	}
+	if xs[0] != 100*time.Millisecond {
+		t.Fatal("Dist sorted its input")
+	}
+	if (Dist() != Distribution{}) {
+		t.Fatal("no samples")
+	}
+}

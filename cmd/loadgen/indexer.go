@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvradix/kvradix/internal/stats"
 	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/openloop"
 	"github.com/kvradix/kvradix/replay"
 	"github.com/kvradix/kvradix/shardpool"
 	"github.com/kvradix/kvradix/trace"
@@ -80,18 +81,20 @@ type indexerResult struct {
 	// less the harness's (lanes, lookups, and the collector working for
 	// them); BlockOpsPerLaneCPU, the block operations over it, is what the
 	// field calls block-ops/s per lane core.
-	LaneCPUNs          int64     `json:"lane_cpu_ns"`
-	BlockOpsPerLaneCPU float64   `json:"achieved_block_ops_per_lane_cpu_sec"`
-	QueueDepthAtStop   int       `json:"queue_depth_at_stop"` // events and queries queued when the issuers stopped
-	EventsQueuedFrac   float64   `json:"events_queued_frac"`  // of all events, those still queued then
-	BytesPerPair       float64   `json:"bytes_per_pair"`
-	Pairs              int       `json:"pairs"`
-	Rejected           uint64    `json:"rejected_events"`
-	Saturated          bool      `json:"saturated"` // = !kept_up
-	Interrupted        bool      `json:"interrupted,omitempty"`
-	ThresholdOpsS      float64   `json:"threshold_ops_s,omitempty"`
-	ThresholdP99Us     float64   `json:"threshold_p99_us,omitempty"`
-	Sweep              []sweepPt `json:"sweep,omitempty"`
+	LaneCPUNs          int64   `json:"lane_cpu_ns"`
+	BlockOpsPerLaneCPU float64 `json:"achieved_block_ops_per_lane_cpu_sec"`
+
+	v4               *openloop.Result // the run in Dynamo's result JSON (-format v4)
+	QueueDepthAtStop int              `json:"queue_depth_at_stop"` // events and queries queued when the issuers stopped
+	EventsQueuedFrac float64          `json:"events_queued_frac"`  // of all events, those still queued then
+	BytesPerPair     float64          `json:"bytes_per_pair"`
+	Pairs            int              `json:"pairs"`
+	Rejected         uint64           `json:"rejected_events"`
+	Saturated        bool             `json:"saturated"` // = !kept_up
+	Interrupted      bool             `json:"interrupted,omitempty"`
+	ThresholdOpsS    float64          `json:"threshold_ops_s,omitempty"`
+	ThresholdP99Us   float64          `json:"threshold_p99_us,omitempty"`
+	Sweep            []sweepPt        `json:"sweep,omitempty"`
 }
 
 // setLaneCPU records the index's CPU time and the block operations per
@@ -102,6 +105,9 @@ func (r *indexerResult) setLaneCPU(ns int64) {
 	}
 	r.LaneCPUNs = ns
 	r.BlockOpsPerLaneCPU = float64(r.BlockOps) / (float64(ns) / 1e9)
+	if r.v4 != nil {
+		r.v4.LaneCPUNs, r.v4.AchievedBlockOpsPerLaneCPU = r.LaneCPUNs, r.BlockOpsPerLaneCPU
+	}
 }
 
 type sweepPt struct {
@@ -243,7 +249,11 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	if err := writeHeapProfile(c.memprofile); err != nil {
 		return err
 	}
-	if err := c.out.write(stdout, rep, func() { printIndexer(stdout, rep) }, func() { printIndexerBench(stdout, rep) }); err != nil {
+	if c.out.format == "v4" {
+		if err := writeV4(stdout, rep, c.provenance()); err != nil {
+			return err
+		}
+	} else if err := c.out.write(stdout, rep, func() { printIndexer(stdout, rep) }, func() { printIndexerBench(stdout, rep) }); err != nil {
 		return err
 	}
 	if intr.Load() {

@@ -357,3 +357,42 @@ func TestHoles(t *testing.T) {
 		}
 	}
 }
+
+// -format v4 writes each run as a line of Dynamo's result JSON (schema
+// 4): its names, durations in ns, the totals adding up, the provenance,
+// and kvradix's own keys.
+func TestIndexerV4(t *testing.T) {
+	out, _, err := runArgs(t, append([]string{"indexer", "-format", "v4", "-duration", "300ms", "-compare", "single,compressed"}, indexerSmall...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d lines, want one per run:\n%s", len(lines), out)
+	}
+	for _, line := range lines {
+		var r map[string]any
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("%v: %s", err, line)
+		}
+		for _, k := range []string{"schema_version", "backend", "benchmark_duration_ms", "block_size", "query_lanes", "issuer_threads", "event_workers",
+			"total_requests", "total_events", "total_stored_events", "total_removed_events", "total_cleared_events", "total_request_blocks",
+			"total_stored_blocks", "total_removed_blocks", "total_logical_ops", "total_block_ops", "offered_logical_ops_per_sec",
+			"achieved_block_ops_per_sec", "read_issue_lag", "update_issue_lag", "query_service", "update_accepted_to_finished",
+			"issuer_cpu_ns", "issue_span_ns", "drain_ns", "generator_valid", "kept_up", "failure_reasons", "provenance",
+			"lane_cpu_ns", "achieved_block_ops_per_lane_cpu_sec", "issuer_cpu_fraction"} {
+			if _, ok := r[k]; !ok {
+				t.Errorf("no %q", k)
+			}
+		}
+		if r["schema_version"] != 4.0 || r["total_block_ops"] != r["total_request_blocks"].(float64)+r["total_stored_blocks"].(float64)+r["total_removed_blocks"].(float64) {
+			t.Fatalf("%v", line)
+		}
+		if p50 := r["query_service"].(map[string]any)["p50_ns"].(float64); p50 <= 0 {
+			t.Fatalf("query service p50 %v ns", p50)
+		}
+		if argv := r["provenance"].(map[string]any)["argv"].([]any); len(argv) == 0 {
+			t.Fatal("no argv in the provenance")
+		}
+	}
+}

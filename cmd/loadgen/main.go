@@ -152,10 +152,10 @@ func (o *output) register(fs *flag.FlagSet) {
 
 func (o *output) validate() error {
 	switch o.format {
-	case "table", "json", "bench":
+	case "table", "json", "bench", "v4":
 		return nil
 	}
-	return fmt.Errorf("-format %q, want table, json or bench", o.format)
+	return fmt.Errorf("-format %q, want table, json, bench or v4 (indexer: Dynamo's result JSON, a line per run)", o.format)
 }
 
 // write prints v as JSON, or calls the table or bench printer.

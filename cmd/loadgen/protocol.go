@@ -161,13 +161,15 @@ type runState struct {
 	idx        shardpool.Indexer
 	start      time.Time
 	stop       <-chan struct{}
-	acceptedAt []int64 // ns from start, per op: the event handed to the indexer
-	appliedAt  []int64 // ns from start, per op: the event applied
-	lag        [][]time.Duration
+	acceptedAt []int64           // ns from start, per op: the event handed to the indexer
+	appliedAt  []int64           // ns from start, per op: the event applied
+	lag        [][]time.Duration // per issuer, every operation
+	readLag    [][]time.Duration // per issuer, queries only
 	wait       [][]time.Duration
 	service    [][]time.Duration
-	lastIssue  atomic.Int64 // ns from start
-	harnessCPU atomic.Int64 // ns of CPU the issuers and feeders used (their threads' clocks)
+	finished   [][]time.Duration // per lane: a query's deadline to its answer
+	lastIssue  atomic.Int64      // ns from start
+	harnessCPU atomic.Int64      // ns of CPU the issuers and feeders used (their threads' clocks)
 	issued     atomic.Int64
 	failed     atomic.Int64 // operations that returned an error
 	lanes      []chan queued
@@ -249,7 +251,8 @@ func (c *corpus) runOn(idx shardpool.Indexer, im shardpool.Impl, p protocol, sto
 	runtime.ReadMemStats(&before)
 	defer idx.Close()
 	s := &runState{c: c, idx: idx, stop: stop, acceptedAt: make([]int64, len(c.ops)), appliedAt: make([]int64, len(c.ops)),
-		lag: make([][]time.Duration, p.Issuers), wait: make([][]time.Duration, p.QueryLanes), service: make([][]time.Duration, p.QueryLanes)}
+		lag: make([][]time.Duration, p.Issuers), readLag: make([][]time.Duration, p.Issuers),
+		wait: make([][]time.Duration, p.QueryLanes), service: make([][]time.Duration, p.QueryLanes), finished: make([][]time.Duration, p.QueryLanes)}
 	idx.Observe(func(ev kvevent.RouterEvent, err error) {
 		s.appliedAt[ev.Event.ID-1] = s.since()
 		if err != nil {
@@ -329,7 +332,8 @@ func (s *runState) measureCPU() func() {
 func (s *runState) issue(k int, part []int32) {
 	defer s.measureCPU()()
 	lag := make([]time.Duration, 0, len(part))
-	defer func() { s.lag[k] = lag }()
+	var readLag []time.Duration
+	defer func() { s.lag[k], s.readLag[k] = lag, readLag }()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for n := 0; n < len(part); {
@@ -349,6 +353,7 @@ func (s *runState) issue(k int, part []int32) {
 			op := &s.c.ops[i]
 			lag = append(lag, time.Duration(now-int64(op.at)))
 			if op.isQuery() {
+				readLag = append(readLag, lag[len(lag)-1])
 				s.lanes[int(i)%len(s.lanes)] <- queued{i, now}
 			} else {
 				s.acceptedAt[i] = now
@@ -362,16 +367,18 @@ func (s *runState) issue(k int, part []int32) {
 
 // serve runs lane l's queries.
 func (s *runState) serve(l int) {
-	var wait, service []time.Duration
+	var wait, service, finished []time.Duration
 	for q := range s.lanes[l] {
 		t0 := s.since()
 		wait = append(wait, time.Duration(t0-q.enq))
 		if _, err := s.idx.FindMatches(s.c.ops[q.op].query); err != nil {
 			s.failed.Add(1)
 		}
-		service = append(service, time.Duration(s.since()-t0))
+		t1 := s.since()
+		service = append(service, time.Duration(t1-t0))
+		finished = append(finished, time.Duration(t1-int64(s.c.ops[q.op].at)))
 	}
-	s.wait[l], s.service[l] = wait, service
+	s.wait[l], s.service[l], s.finished[l] = wait, service, finished
 }
 
 func storeMax(m *atomic.Int64, v int64) {
@@ -389,10 +396,12 @@ func (s *runState) result(im shardpool.Impl, before runtime.MemStats, stopped, e
 	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
-	var update []time.Duration
+	var update, updateFinished, updateLag []time.Duration
 	for i := range c.ops {
 		if !c.ops[i].isQuery() && s.appliedAt[i] > 0 {
 			update = append(update, time.Duration(s.appliedAt[i]-s.acceptedAt[i]))
+			updateFinished = append(updateFinished, time.Duration(s.appliedAt[i]-int64(c.ops[i].at)))
+			updateLag = append(updateLag, time.Duration(s.acceptedAt[i]-int64(c.ops[i].at)))
 		}
 	}
 	elapsed := time.Duration(end)
@@ -421,6 +430,7 @@ func (s *runState) result(im shardpool.Impl, before runtime.MemStats, stopped, e
 	window := float64(c.window)
 	r.GeneratorValid = issuedAll && float64(s.lastIssue.Load()) <= 1.01*window && s.failed.Load() == 0 && st.Rejected() == 0
 	r.HarnessCPUFrac = float64(s.harnessCPU.Load()) / (float64(end) * float64(runtime.GOMAXPROCS(0)))
+	r.v4 = s.v4(r, stopped, end, depth, update, updateFinished, updateLag)
 	r.KeptUp = issuedAll && float64(end) <= 1.10*window
 	r.Saturated = !r.KeptUp
 	if st.Pairs > 0 {
