@@ -129,24 +129,28 @@ type Corpus struct {
 func (c *Corpus) Totals() Totals {
 	var t Totals
 	for i := range c.Ops {
-		o := &c.Ops[i]
-		if o.IsQuery() {
-			t.Requests++
-			t.RequestBlocks += uint64(len(o.Query))
-			continue
-		}
-		switch d := o.Event.Data.(type) {
-		case kvevent.Stored:
-			t.StoredEvents++
-			t.StoredBlocks += uint64(len(d.Blocks))
-		case kvevent.Removed:
-			t.RemovedEvents++
-			t.RemovedBlocks += uint64(len(d.BlockHashes))
-		case kvevent.Cleared:
-			t.ClearedEvents++
-		}
+		t.Add(&c.Ops[i])
 	}
 	return t
+}
+
+// Add counts one operation.
+func (t *Totals) Add(o *Op) {
+	if o.IsQuery() {
+		t.Requests++
+		t.RequestBlocks += uint64(len(o.Query))
+		return
+	}
+	switch d := o.Event.Data.(type) {
+	case kvevent.Stored:
+		t.StoredEvents++
+		t.StoredBlocks += uint64(len(d.Blocks))
+	case kvevent.Removed:
+		t.RemovedEvents++
+		t.RemovedBlocks += uint64(len(d.BlockHashes))
+	case kvevent.Cleared:
+		t.ClearedEvents++
+	}
 }
 
 // Check reports the first operation out of order or of no kind.
@@ -257,14 +261,17 @@ func (c *Corpus) writeOps(cw *countingWriter) {
 			cw.u8(kindStored)
 			cw.u32(uint32(o.Event.DPRank))
 			cw.u64(o.Event.ID)
-			cw.flag(d.HasParent)
-			cw.u64(d.ParentHash * b2u(d.HasParent))
-			cw.flag(o.StartPosition != nil)
-			if o.StartPosition != nil {
-				cw.u32(*o.StartPosition)
-			} else {
-				cw.u32(0)
+			parent, start := uint64(0), uint32(0) // 0 where absent
+			if d.HasParent {
+				parent = d.ParentHash
 			}
+			if o.StartPosition != nil {
+				start = *o.StartPosition
+			}
+			cw.flag(d.HasParent)
+			cw.u64(parent)
+			cw.flag(o.StartPosition != nil)
+			cw.u32(start)
 			cw.u64(s)
 			cw.u32(uint32(len(d.Blocks)))
 			s += uint64(len(d.Blocks))
@@ -281,13 +288,6 @@ func (c *Corpus) writeOps(cw *countingWriter) {
 			cw.u64(o.Event.ID)
 		}
 	}
-}
-
-func b2u(b bool) uint64 {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // countingWriter writes little-endian fields, keeping the first error.
@@ -316,7 +316,13 @@ func (cw *countingWriter) u64(v uint64) {
 	binary.LittleEndian.PutUint64(cw.buf[:8], v)
 	cw.bytes(cw.buf[:8])
 }
-func (cw *countingWriter) flag(b bool) { cw.u8(uint8(b2u(b))) }
+func (cw *countingWriter) flag(b bool) {
+	if b {
+		cw.u8(1)
+	} else {
+		cw.u8(0)
+	}
+}
 
 // WriteFile writes the corpus to path.
 func (c *Corpus) WriteFile(path string) error {

@@ -186,9 +186,10 @@ type Index interface {
 // goroutine at a time. ConcurrentTree and CompressedTree implement it;
 // shardpool.Pool drives either. Dump may run concurrently with writers
 // only where the implementation says so: CompressedTree's waits for the
-// writers in progress and holds new ones off; ConcurrentTree's must not. The interface is sealed (Tree has the same methods but not the
-// contract): every implementation lives here and runs the concurrent stress
-// test.
+// writers in progress and holds new ones off; ConcurrentTree's must not.
+// The interface is sealed (Tree has the same methods but not the
+// contract): every implementation lives here and runs the concurrent
+// stress test.
 type ConcurrentIndex interface {
 	Index
 	// ApplyBatch applies evs in order, errs[i] receiving Apply's answer for

@@ -210,26 +210,28 @@ func (h *Hashes) UnmarshalJSON(b []byte) error {
 		return errors.New("block_hashes: want an array of integers")
 	}
 	out := (*h)[:0]
-	for i, rest := 0, bytes.TrimSpace(b[1:len(b)-1]); len(rest) > 0; i++ {
-		num, tail, _ := bytes.Cut(rest, []byte{','})
-		num = bytes.TrimSpace(num)
-		v, err := strconv.ParseUint(string(num), 10, 64)
-		if err != nil && len(num) > 0 && num[0] == '-' {
-			var sv int64
-			sv, err = strconv.ParseInt(string(num), 10, 64)
-			v = uint64(sv)
+	if inner := bytes.TrimSpace(b[1 : len(b)-1]); len(inner) > 0 {
+		for num := range bytes.SplitSeq(inner, []byte{','}) {
+			v, err := parseHash(string(bytes.TrimSpace(num)))
+			if err != nil {
+				return fmt.Errorf("block_hashes[%d]: %w", len(out), err)
+			}
+			out = append(out, v)
 		}
-		if err != nil {
-			return fmt.Errorf("block_hashes[%d]: %q is not an integer from -2^63 to 2^64-1", i, num)
-		}
-		out = append(out, v)
-		if len(tail) == 0 && len(rest) > len(num) && bytes.HasSuffix(bytes.TrimSpace(rest), []byte{','}) {
-			return fmt.Errorf("block_hashes[%d]: a trailing comma", i+1)
-		}
-		rest = bytes.TrimSpace(tail)
 	}
 	*h = out
 	return nil
+}
+
+// parseHash reads a hash written unsigned, or signed as an int64.
+func parseHash(s string) (uint64, error) {
+	if v, err := strconv.ParseUint(s, 10, 64); err == nil {
+		return v, nil
+	}
+	if v, err := strconv.ParseInt(s, 10, 64); err == nil && v < 0 {
+		return uint64(v), nil
+	}
+	return 0, fmt.Errorf("%q is not an integer from -2^63 to 2^64-1", s)
 }
 
 // Scores is a query's answer.
@@ -445,7 +447,7 @@ func (s *Service) dump(w http.ResponseWriter, r *http.Request) {
 			if r.Context().Err() != nil {
 				return // the client left
 			}
-			stale = append(stale, keys[i].model+":"+keys[i].tenant)
+			stale = append(stale, keys[i].String())
 		}
 		if i > 0 {
 			out.WriteByte(',')
@@ -469,7 +471,7 @@ func (s *Service) dump(w http.ResponseWriter, r *http.Request) {
 
 // writeIndexJSON writes "<model>:<tenant>": [events...] to out.
 func writeIndexJSON(out *bufio.Writer, k modelKey, idx *index) {
-	name, _ := json.Marshal(k.model + ":" + k.tenant)
+	name, _ := json.Marshal(k.String())
 	out.Write(name)
 	out.WriteString(":[")
 	var buf []byte

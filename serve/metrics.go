@@ -143,7 +143,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	for k, idx := range s.indexes {
-		st, model := idx.pool.Stats(), k.model+":"+k.tenant
+		st, model := idx.pool.Stats(), k.String()
 		counter(descApplied, st.Applied, model)
 		counter(descIgnored, st.IgnoredTier, model)
 		for reason, n := range map[string]uint64{"parent_not_found": st.ParentNotFound, "block_not_found": st.BlockNotFound,
@@ -161,7 +161,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	// Engines are labelled by model too: one instance id may serve two
 	// models, and "model:tenant" is unique (a tenant holds no ':').
 	for k, inst := range s.instances {
-		st, model, id, rank := inst.sub.Stats(), k.model+":"+k.tenant, fmt.Sprint(uint64(k.instance)), fmt.Sprint(k.rank)
+		st, model, id, rank := inst.sub.Stats(), k.String(), fmt.Sprint(uint64(k.instance)), fmt.Sprint(k.rank)
 		counter(descGaps, st.GapsRepaired, model, id, rank, "repaired")
 		counter(descGaps, st.GapsLost, model, id, rank, "lost")
 		counter(descReplayed, st.Replayed, model, id, rank)

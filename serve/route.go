@@ -321,14 +321,20 @@ func (s *Service) freeRoutesOf(gone map[*modelRouter]map[kvevent.Worker]bool) {
 		}
 		m.mu.Lock()
 		if rq := m.reqs[id]; rq != nil && ws[rq.worker] {
-			if !rq.orphan {
-				_ = m.sched.Free(rq.id)
-			}
-			delete(m.reqs, id)
-			delete(s.routes, id)
+			s.forgetRoute(m, id, rq)
 		}
 		m.mu.Unlock()
 	}
+}
+
+// forgetRoute frees request id, rq in m, from the scheduler and the
+// service (s.mu and m.mu held).
+func (s *Service) forgetRoute(m *modelRouter, id string, rq *routed) {
+	if !rq.orphan {
+		_ = m.sched.Free(rq.id)
+	}
+	delete(m.reqs, id)
+	delete(s.routes, id)
 }
 
 // expiry is when a routed request's TTL ends. The service keeps them in
@@ -376,11 +382,7 @@ func (s *Service) expire() {
 				}
 				e.m.mu.Lock()
 				if rq := e.m.reqs[e.id]; rq != nil && now.UnixNano() > rq.deadline { // nil: being admitted
-					if !rq.orphan {
-						_ = e.m.sched.Free(rq.id)
-					}
-					delete(e.m.reqs, e.id)
-					delete(s.routes, e.id)
+					s.forgetRoute(e.m, e.id, rq)
 				}
 				e.m.mu.Unlock()
 			}

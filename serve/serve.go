@@ -131,6 +131,10 @@ var (
 // modelKey names one index.
 type modelKey struct{ model, tenant string }
 
+// String is "model:tenant", the index's name in /dump and the metrics (a
+// tenant holds no ':', so names never collide).
+func (k modelKey) String() string { return k.model + ":" + k.tenant }
+
 // instanceKey names one registered engine.
 type instanceKey struct {
 	modelKey
@@ -408,6 +412,13 @@ type Unregistration struct {
 
 func (x *Unregistration) partition() (*string, string) { return &x.TenantID, x.RoutingGroup }
 
+// names reports whether u speaks of the engine registered as key: its
+// model and instance, in its tenant and rank if u gives them.
+func (u *Unregistration) names(key instanceKey) bool {
+	return key.model == u.ModelName && key.instance == kvevent.WorkerID(u.InstanceID) &&
+		(u.TenantID == "" || key.tenant == u.TenantID) && (u.DPRank == nil || key.rank == *u.DPRank)
+}
+
 // leaving is an instance being unregistered.
 type leaving struct {
 	key  instanceKey
@@ -427,16 +438,14 @@ func (s *Service) Unregister(u Unregistration) error {
 	s.mu.Lock()
 	pending := 0
 	for key := range s.pending {
-		if key.model == u.ModelName && key.instance == kvevent.WorkerID(u.InstanceID) &&
-			(u.TenantID == "" || key.tenant == u.TenantID) && (u.DPRank == nil || key.rank == *u.DPRank) {
+		if u.names(key) {
 			delete(s.pending, key) // its dial, when done, finds it gone
 			pending++
 		}
 	}
 	routesGone := map[*modelRouter]map[kvevent.Worker]bool{}
 	for key, inst := range s.instances {
-		if key.model != u.ModelName || key.instance != kvevent.WorkerID(u.InstanceID) ||
-			(u.TenantID != "" && key.tenant != u.TenantID) || (u.DPRank != nil && key.rank != *u.DPRank) {
+		if !u.names(key) {
 			continue
 		}
 		delete(s.instances, key)

@@ -31,7 +31,7 @@ import (
 // written with an empty checksum, and it names each snapshot's SHA-256, so
 // a flipped byte anywhere, or two snapshots swapped, is refused rather than
 // loaded as another model, tenant, instance or resume point. A refused
-// state is moved aside (refusedDir) before anything can overwrite it.
+// state is moved aside (setAside) before anything can overwrite it.
 const (
 	stateFile    = "state.json"
 	stateVersion = 2 // 1: before checksums, still read
@@ -176,8 +176,8 @@ func (s *Service) Recover() (Recovered, error) {
 	if st == nil {
 		// Snapshots whose registry is gone cannot be told apart: starting
 		// empty is right, silently is not.
-		if dir, err := s.setAside(); dir != "" || err != nil {
-			return rec, fmt.Errorf("serve: snapshots without a %s (no registry to say whose they are): starting empty; kept in %q (%v)", stateFile, dir, err)
+		if orphans, _ := filepath.Glob(filepath.Join(s.cfg.StateDir, "index-*")); len(orphans) > 0 {
+			return rec, s.refuse(fmt.Errorf("serve: %d snapshots without a %s (no registry to say whose they are): starting empty", len(orphans), stateFile))
 		}
 		return rec, nil
 	}

@@ -61,6 +61,9 @@ func loadCorpus(path string, window time.Duration) (*corpus, error) {
 	if err != nil {
 		return nil, err
 	}
+	if oc.ReferenceWindow <= 0 {
+		return nil, fmt.Errorf("%s: a reference window of %v: the deadlines cannot be scaled", path, oc.ReferenceWindow)
+	}
 	if window == 0 {
 		window = oc.ReferenceWindow
 	}
@@ -68,10 +71,12 @@ func loadCorpus(path string, window time.Duration) (*corpus, error) {
 		window: oc.ReferenceWindow, workers: int(oc.LogicalWorkers), ops: make([]corpusOp, len(oc.Ops))}
 	for i, o := range oc.Ops {
 		c.ops[i] = corpusOp{at: o.Deadline, worker: o.Worker, query: o.Query, ev: o.Event}
+		if !c.ops[i].isQuery() {
+			// The run keys each event by its position (as buildCorpus
+			// numbers them); another exporter's event ids are its own.
+			c.ops[i].ev.ID = uint64(i) + 1
+		}
 		c.count(&c.ops[i])
 	}
-	if window != c.window && c.window > 0 {
-		c = c.rescaled(window)
-	}
-	return c, nil
+	return c.rescaled(window), nil
 }

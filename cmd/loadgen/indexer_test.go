@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"golang.org/x/perf/benchfmt"
+
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/openloop"
 )
 
 var indexerSmall = []string{"-synth", "-synth-requests", "200", "-synth-rate", "100", "-workers", "50", "-blocks", "1024", "-quiet"}
@@ -394,5 +397,36 @@ func TestIndexerV4(t *testing.T) {
 		if argv := r["provenance"].(map[string]any)["argv"].([]any); len(argv) == 0 {
 			t.Fatal("no argv in the provenance")
 		}
+	}
+}
+
+// A corpus from another exporter numbers its events its own way (Dynamo's
+// event ids): the replay keys them by position and replays it whole (ids
+// past the corpus's length indexed out of range).
+func TestForeignCorpus(t *testing.T) {
+	oc := &openloop.Corpus{Header: openloop.Header{BlockSize: 16, ReferenceWindow: 100 * time.Millisecond, LogicalWorkers: 2, TracePath: "elsewhere"}}
+	for i := range 20 {
+		w := kvevent.WorkerID(i % 2)
+		oc.Ops = append(oc.Ops, openloop.Op{Deadline: time.Duration(i) * time.Millisecond, Worker: w,
+			Event: kvevent.Event{ID: 1 << 40, Data: kvevent.Stored{Blocks: []kvevent.StoredBlock{{BlockHash: uint64(100 + i), TokensHash: uint64(i)}}}}},
+			openloop.Op{Deadline: time.Duration(i)*time.Millisecond + 1, Worker: w, Query: []uint64{uint64(i)}})
+	}
+	path := filepath.Join(t.TempDir(), "foreign.smg")
+	if err := oc.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runArgs(t, "indexer", "-json", "-compare", "compressed", "-corpus", path, "-quiet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Results []struct {
+			Events   int  `json:"events"`
+			Rejected int  `json:"rejected_events"`
+			KeptUp   bool `json:"kept_up"`
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Results) != 1 || rep.Results[0].Events != 20 || rep.Results[0].Rejected != 0 {
+		t.Fatalf("%v: %s", err, out)
 	}
 }

@@ -28,7 +28,12 @@ func (s *runState) v4(r indexerResult, stopped, end int64, depth int, update, up
 		DrainNs: end - stopped, GeneratorValid: r.GeneratorValid, KeptUp: r.KeptUp, FailureReasons: []string{},
 		LaneCPUNs: r.LaneCPUNs, AchievedBlockOpsPerLaneCPU: r.BlockOpsPerLaneCPU, IssuerCPUFraction: r.HarnessCPUFrac,
 	}
-	v.SetTotals(c.openloop().Totals(), c.window)
+	var t openloop.Totals
+	for i := range c.ops {
+		o := &c.ops[i]
+		t.Add(&openloop.Op{Query: o.query, Event: o.ev})
+	}
+	v.SetTotals(t, c.window)
 	if sec := time.Duration(end).Seconds(); sec > 0 && !r.Interrupted {
 		v.AchievedLogicalOpsPerSec, v.AchievedBlockOpsPerSec = float64(v.TotalLogicalOps)/sec, float64(v.TotalBlockOps)/sec
 	}

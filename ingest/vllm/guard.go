@@ -17,11 +17,11 @@ import (
 // go-zeromq/zmq4 allocates a frame's body from the size its peer claims
 // (make([]byte, size), up to 2^63) and has no deadline on the handshake: a
 // peer can end the process with one header, or hang a dial forever. The
-// guard wraps the library's TCP and IPC transports: it reads the ZMTP stream as it
-// passes and refuses, before the library sees the whole header, a frame
-// larger than the limit; it puts a deadline on the handshake; and it can
-// close every connection it made, so that Close returns whatever the peers
-// do.
+// guard wraps the library's TCP and IPC transports: it reads the ZMTP
+// stream as it passes and refuses, before the library sees the whole
+// header, a frame larger than the limit; it puts a deadline on the
+// handshake; and it can close every connection it made, so that Close
+// returns whatever the peers do.
 
 // closeReceiver closes a socket that receives and frees its readers.
 // go-zeromq/zmq4 v0.17's reader, one goroutine per connection, hands over
@@ -94,7 +94,6 @@ type peerState struct {
 	lastFail atomic.Int64 // Unix ns
 	dials    atomic.Uint64
 	conns    atomic.Uint64 // connections that completed the handshake, ever
-	greeted  atomic.Bool   // a connection has completed the handshake
 }
 
 // fail records a failed dial (or a connection that never greeted).
@@ -104,7 +103,7 @@ func (p *peerState) fail() {
 }
 
 // down reports whether the peer was up and has no connection now.
-func (p *peerState) down() bool { return p.greeted.Load() && p.live.Load() == 0 }
+func (p *peerState) down() bool { return p.conns.Load() > 0 && p.live.Load() == 0 }
 
 // redialBackoff is the wait before a dial after fails failed ones: 50 ms,
 // doubling, at most 5 s (the library's own retry adds its 50 ms).
@@ -330,7 +329,6 @@ func (c *guardConn) read(b []byte) (int, error) {
 			_ = c.Conn.SetReadDeadline(time.Time{})
 			if c.peer != nil {
 				c.counted.Store(true)
-				c.peer.greeted.Store(true)
 				c.peer.fails.Store(0)
 				c.peer.live.Add(1)
 				c.peer.conns.Add(1)
