@@ -160,6 +160,9 @@ type activeRequest struct {
 // NewScheduler.
 var errZeroScheduler = errors.New("router: a zero Scheduler has no workers (use NewScheduler)")
 
+// errNoWorkers is Schedule's error while SetWorkers has left none.
+var errNoWorkers = errors.New("router: no workers to schedule on")
+
 // finiteNonNegative rejects NaN, infinities and negatives: an infinite
 // weight or temperature turns every cost into Inf or NaN.
 func finiteNonNegative(x float64) bool { return x >= 0 && !math.IsInf(x, 1) }
@@ -251,6 +254,9 @@ func (s *Scheduler) admit(ctx context.Context) error {
 	if s.closed {
 		return ErrShutdown
 	}
+	if len(s.workers) == 0 {
+		return errNoWorkers
+	}
 	if s.cfg.QueueThreshold <= 0 || (len(s.waiters) == 0 && !s.allBusy()) {
 		return nil
 	}
@@ -266,7 +272,10 @@ func (s *Scheduler) admit(ctx context.Context) error {
 		if s.closed {
 			return ErrShutdown
 		}
-		if err := ctx.Err(); err != nil {
+		if err := ctx.Err(); err != nil || len(s.workers) == 0 {
+			if err == nil {
+				err = errNoWorkers
+			}
 			s.dropWaiter(wake)
 			s.wakeHead()
 			return err
@@ -474,17 +483,56 @@ func (s *Scheduler) Admit(req SchedRequest, w kvevent.Worker) error {
 	return nil
 }
 
-// Blocks returns the sequence hashes an admitted request was admitted
-// with (nil if it is not in flight); the slice is the scheduler's, not to
-// be modified. A caller rebuilding a scheduler re-admits from it rather
-// than keeping a copy of its own.
-func (s *Scheduler) Blocks(id uuid.UUID) []uint64 {
+// SetWorkers changes the workers the scheduler chooses among. A worker
+// listed before and now keeps its load and its requests; a new one starts
+// idle; the requests of a worker no longer listed are forgotten, as Free
+// would, and their ids appended to dropped. With no workers, Schedule and
+// Admit fail until some are set.
+func (s *Scheduler) SetWorkers(dropped []uuid.UUID, workers []kvevent.Worker) ([]uuid.UUID, error) {
+	index := make(map[kvevent.Worker]int, len(workers))
+	for i, w := range workers {
+		if _, dup := index[w]; dup {
+			return dropped, fmt.Errorf("router: worker %v listed twice", w)
+		}
+		index[w] = i
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if r, ok := s.reqs[id]; ok {
-		return r.blocks
+	if s.reqs == nil {
+		return dropped, errZeroScheduler
 	}
-	return nil
+	to := make([]int32, len(s.workers)) // old position -> new, or -1
+	for i, w := range s.workers {
+		to[i] = -1
+		if j, ok := index[w]; ok {
+			to[i] = int32(j)
+		}
+	}
+	for id, r := range s.reqs {
+		if to[r.worker] < 0 {
+			s.free(id, r)
+			dropped = append(dropped, id)
+		} else {
+			r.worker = int(to[r.worker])
+		}
+	}
+	for _, refs := range s.refs {
+		for j := range refs {
+			refs[j].worker = to[refs[j].worker] // only kept workers' refs are left
+		}
+	}
+	n := len(workers)
+	prefill, unique, active := make([]int, n), make([]int, n), make([]int, n)
+	for i, j := range to {
+		if j >= 0 {
+			prefill[j], unique[j], active[j] = s.prefill[i], s.unique[i], s.active[i]
+		}
+	}
+	s.workers, s.index = append([]kvevent.Worker(nil), workers...), index
+	s.prefill, s.unique, s.active = prefill, unique, active
+	s.overlap, s.saved, s.hits, s.costs = make([]uint32, n), make([]int, n), make([]int32, n), make([]float64, n)
+	s.wakeHead()
+	return dropped, nil
 }
 
 // MarkPrefillCompleted removes the request's prefill tokens from its
@@ -511,6 +559,13 @@ func (s *Scheduler) Free(id uuid.UUID) error {
 	if !ok {
 		return fmt.Errorf("%w: %v", ErrUnknownRequest, id)
 	}
+	s.free(id, r)
+	s.wakeHead()
+	return nil
+}
+
+// free releases request r, id, from its worker's load (mu held).
+func (s *Scheduler) free(id uuid.UUID, r *activeRequest) {
 	i := r.worker
 	s.prefill[i] -= r.prefill
 	for _, h := range r.blocks {
@@ -534,8 +589,6 @@ func (s *Scheduler) Free(id uuid.UUID) error {
 	}
 	s.active[i]--
 	delete(s.reqs, id)
-	s.wakeHead()
-	return nil
 }
 
 // PotentialLoads reports, per worker, the load it would have if req were

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -106,23 +107,104 @@ func TestSharedBlocksCountOnce(t *testing.T) {
 	}
 }
 
-// Blocks gives back an admitted request's blocks, for a caller rebuilding
-// a scheduler, and nothing once it is freed.
-func TestBlocksOfARequest(t *testing.T) {
-	s := newSched(t, baseCfg(), 2)
-	blocks := []uint64{7, 8, 9}
-	if err := s.Admit(SchedRequest{ID: id(1), ISL: 12, Blocks: blocks}, kvevent.Worker{ID: 1}); err != nil {
+// SetWorkers keeps the load and requests of the workers still listed (in
+// their new places), starts new ones idle and forgets the requests of the
+// workers gone: the scheduler then weighs exactly as one built over the new
+// workers with only the kept requests admitted.
+func TestSetWorkers(t *testing.T) {
+	w := func(i int) kvevent.Worker { return kvevent.Worker{ID: kvevent.WorkerID(i)} }
+	type placed struct {
+		req SchedRequest
+		on  kvevent.Worker
+	}
+	reqs := []placed{
+		{SchedRequest{ID: id(1), ISL: 12, Blocks: []uint64{7, 8, 9}}, w(0)},
+		{SchedRequest{ID: id(2), ISL: 9, Blocks: []uint64{7, 8}}, w(1)},
+		{SchedRequest{ID: id(3), ISL: 8, Blocks: []uint64{7, 5}}, w(2)},
+		{SchedRequest{ID: id(4), ISL: 4, Blocks: []uint64{9}}, w(0)},
+	}
+	s := newSched(t, baseCfg(), 3)
+	for _, p := range reqs {
+		if err := s.Admit(p.req, p.on); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.MarkPrefillCompleted(id(4)); err != nil {
 		t.Fatal(err)
 	}
-	blocks[0] = 0 // the scheduler keeps its own copy
-	if got := s.Blocks(id(1)); len(got) != 3 || got[0] != 7 || got[2] != 9 {
-		t.Fatalf("blocks %v", got)
+	after := []kvevent.Worker{w(2), w(3), w(0)}
+	dropped, err := s.SetWorkers(nil, after)
+	if err != nil || len(dropped) != 1 || dropped[0] != id(2) {
+		t.Fatalf("dropped %v, %v; want request 2 (on worker 1)", dropped, err)
 	}
-	if err := s.Free(id(1)); err != nil {
+	want, err := NewScheduler(baseCfg(), after)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := s.Blocks(id(1)); got != nil {
-		t.Fatalf("blocks of a freed request: %v", got)
+	for _, p := range reqs {
+		if p.on != w(1) {
+			if err := want.Admit(p.req, p.on); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := want.MarkPrefillCompleted(id(4)); err != nil {
+		t.Fatal(err)
+	}
+	probe := SchedRequest{ID: id(9), ISL: 16, Blocks: []uint64{7, 8, 9, 5}, Overlaps: map[kvevent.Worker]uint32{w(0): 2, w(3): 1}}
+	if got, exp := s.PotentialLoads(probe), want.PotentialLoads(probe); !slices.Equal(got, exp) {
+		t.Fatalf("loads after SetWorkers %+v, want %+v", got, exp)
+	}
+	if err := s.Free(id(2)); !errors.Is(err, ErrUnknownRequest) {
+		t.Fatalf("free of a dropped request: %v", err)
+	}
+	for _, i := range []int{1, 3, 4} {
+		if err := s.Free(id(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(s.refs) != 0 || s.Active() != 0 || s.unique[2] != 0 || s.prefill[0] != 0 {
+		t.Fatalf("after every free: %d refs, %d active, unique %v, prefill %v", len(s.refs), s.Active(), s.unique, s.prefill)
+	}
+	if _, err := s.SetWorkers(nil, []kvevent.Worker{w(1), w(1)}); err == nil {
+		t.Fatal("a worker listed twice: no error")
+	}
+	if _, err := s.SetWorkers(nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Schedule(context.Background(), probe); !errors.Is(err, errNoWorkers) {
+		t.Fatalf("schedule on no workers: %v", err)
+	}
+	if _, err := s.SetWorkers(nil, after[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Schedule(context.Background(), probe); err != nil || got != w(2) {
+		t.Fatalf("schedule after workers came back: %v, %v", got, err)
+	}
+}
+
+// A request waiting in the queue when every worker leaves fails at once,
+// not at its deadline.
+func TestSetWorkersWakesTheQueue(t *testing.T) {
+	cfg := baseCfg()
+	cfg.QueueThreshold, cfg.MaxBatchedTokens = 1, 4
+	s := newSched(t, cfg, 1)
+	if _, err := s.Schedule(context.Background(), SchedRequest{ID: id(1), ISL: 100, Blocks: []uint64{1}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Schedule(ctx, SchedRequest{ID: id(2), ISL: 4, Blocks: []uint64{2}})
+		done <- err
+	}()
+	waitQueued(t, s, 1)
+	if _, err := s.SetWorkers(nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, errNoWorkers) {
+		t.Fatalf("queued request: %v, want errNoWorkers", err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -387,8 +388,8 @@ func TestRoutesLeaveWithTheirInstance(t *testing.T) {
 	if code := post(t, ts.URL+"/requests/r1/complete", []byte("{}"), nil); code != 404 {
 		t.Fatalf("completing a request whose instance left: %d, want 404", code)
 	}
-	// The id is free again; the instance left carries r0, re-admitted
-	// into the scheduler rebuilt without the other (with its blocks).
+	// The id is free again; the instance left still carries r0 (its
+	// blocks and its count).
 	var again serve.RouteAnswer
 	if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m", RequestID: "r1"}, &again); code != 200 || again.InstanceID != stays.InstanceID {
 		t.Fatalf("the id again: %d %+v", code, again)
@@ -398,6 +399,53 @@ func TestRoutesLeaveWithTheirInstance(t *testing.T) {
 	}
 	if code := post(t, ts.URL+"/requests/r0/complete", []byte("{}"), nil); code != 200 {
 		t.Fatalf("completing r0: %d", code)
+	}
+}
+
+// Request ids are kept exactly: a canonical UUID, its upper-case spelling
+// and any other string are three requests, each released by its own id
+// only; an instance registering while they are in flight leaves their
+// load where it was.
+func TestRouteIDsAndAJoiningInstance(t *testing.T) {
+	svc := serve.New(serve.Config{RequestTTL: time.Hour})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	registerPublishers(t, svc, 1)
+	prompt := tokens(2*bs, 900)
+	lower := "0b7f3c52-8d4e-4a1b-9c6f-2e5d8a7b1c30"
+	ids := []string{lower, strings.ToUpper(lower), "{" + lower + "}", "req/1"}
+	for i, id := range ids {
+		var a serve.RouteAnswer
+		if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m", RequestID: id}, &a); code != 200 || a.RequestID != id || a.ActiveRequests != i {
+			t.Fatalf("route %q: %d %+v (want %d active before it)", id, code, a, i)
+		}
+	}
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := svc.Register(serve.Registration{InstanceID: 2, Endpoint: pub.Addr(), ModelName: "m", BlockSize: bs}); err != nil {
+		t.Fatal(err)
+	}
+	var a serve.RouteAnswer
+	if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m"}, &a); code != 200 || a.InstanceID != 2 {
+		t.Fatalf("route after instance 2 joined: %d %+v", code, a)
+	}
+	for _, c := range a.Candidates {
+		if want := map[uint64]int{1: len(ids), 2: 0}[c.InstanceID]; c.ActiveRequests != want {
+			t.Fatalf("instance %d: %d active, want %d", c.InstanceID, c.ActiveRequests, want)
+		}
+	}
+	for _, id := range append(ids, a.RequestID) {
+		path := ts.URL + "/requests/" + url.PathEscape(id) + "/complete"
+		if code := post(t, path, []byte("{}"), nil); code != 200 {
+			t.Fatalf("complete %q: %d", id, code)
+		}
+		if code := post(t, path, []byte("{}"), nil); code != 404 {
+			t.Fatalf("complete %q twice: %d", id, code)
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -67,38 +68,37 @@ type Candidate struct {
 	Cost           float64 `json:"cost"`
 }
 
-// modelRouter is one model's scheduler over its registered instances,
-// rebuilt when they change, with the requests in flight carried over.
+// modelRouter is one model's scheduler, over its registered instances
+// (Service.syncRouter keeps them in step, s.mu held).
 type modelRouter struct {
 	mu      sync.Mutex
 	sched   *router.Scheduler
 	workers []kvevent.Worker
-	reqs    map[string]*routed
 }
 
-// routed is a request in flight: what re-admitting it into a rebuilt
-// scheduler takes (its blocks, and its overlap on its own worker), and no
-// more (not the prompt, nor every worker's overlap).
-type routed struct {
-	id       uuid.UUID
-	isl      int
-	worker   kvevent.Worker
-	overlap  uint32
-	tiers    *[kvevent.NumTiers]uint32 // its overlap per tier, with Config.Tiers
-	prefill  bool                      // first token reported
-	orphan   bool                      // its instance left: not in the scheduler
-	deadline int64                     // Unix ns
+// route is a request in flight, in Service.routes. The scheduler keeps its
+// blocks and load; the service, which model's it is and when it expires.
+type route struct {
+	m    *modelRouter
+	name string // its request_id, when not a canonical UUID (see routeKey)
+	at   int64  // its deadline, Unix ns; 0 while being admitted
 }
 
-// request returns what the scheduler admits r as, with its blocks (the
-// scheduler's copy: the request keeps none of its own).
-func (r *routed) request(blocks []uint64) router.SchedRequest {
-	req := router.SchedRequest{ID: r.id, ISL: r.isl, Blocks: blocks, Overlaps: map[kvevent.Worker]uint32{r.worker: r.overlap}}
-	if r.tiers != nil {
-		req.TierOverlaps = map[kvevent.Worker][kvevent.NumTiers]uint32{r.worker: *r.tiers}
+// routeKey is the key request id is kept under, in the service and in the
+// scheduler: a canonical UUID (as uuid.NewString writes it) is its own
+// key, with no name kept; any other id, the SHA-1 name UUID of it, with
+// the id as its name, so that two ids never share a route.
+func routeKey(id string) (uuid.UUID, string) {
+	if len(id) == 36 {
+		if u, err := uuid.Parse(id); err == nil && u.String() == id {
+			return u, ""
+		}
 	}
-	return req
+	return uuid.NewSHA1(routeSpace, []byte(id)), id
 }
+
+// routeSpace is the namespace of request ids' name UUIDs.
+var routeSpace = uuid.MustParse("6b767261-6469-7852-a075-746573000000")
 
 // workersOf lists the registered (instance, rank) pairs of a model (s.mu
 // held).
@@ -115,57 +115,53 @@ func (s *Service) workersOf(k modelKey) []kvevent.Worker {
 	return ws
 }
 
-// scheduler returns the model's router over ws, rebuilding its scheduler
-// (and re-admitting the requests in flight on instances still there) if
-// the instances changed.
-func (m *modelRouter) scheduler(ws []kvevent.Worker, blockSize int) (*router.Scheduler, error) {
-	if m.sched != nil && slicesEqual(ws, m.workers) {
-		return m.sched, nil
-	}
-	sched, err := router.NewScheduler(router.SchedulerConfig{BlockSize: blockSize, OverlapWeight: routeWeight,
-		MaxBatchedTokens: 8192, TrackPrefillTokens: true}, ws)
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range m.reqs {
-		if r.orphan || sched.Admit(r.request(m.sched.Blocks(r.id)), r.worker) != nil {
-			// Its instance left (Unregister frees such requests; this one
-			// was admitted as it left): it counts nowhere, and its id
-			// stays the caller's to complete until its TTL.
-			r.orphan = true
-			continue
-		}
-		if r.prefill {
-			_ = sched.MarkPrefillCompleted(r.id)
-		}
-	}
-	m.sched, m.workers = sched, ws
-	return sched, nil
-}
-
-// admit schedules a request and records it in flight; it returns the
-// chosen worker and every candidate's terms (m.mu holds the scheduler
-// still between weighing them and deciding).
-func (m *modelRouter) admit(ws []kvevent.Worker, blockSize int, id string, isl int, local []uint64, overlaps map[kvevent.Worker]uint32, tiers map[kvevent.Worker][kvevent.NumTiers]uint32, deadline time.Time) (kvevent.Worker, []Candidate, error) {
+// syncRouter brings the model's scheduler to its registered instances
+// (s.mu held): the requests in flight on instances gone are freed, and
+// their ids may be used again at once.
+func (s *Service) syncRouter(k modelKey, idx *index) error {
+	ws, m := s.workersOf(k), idx.router
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	sched, err := m.scheduler(ws, blockSize)
-	if err != nil {
-		return kvevent.Worker{}, nil, err
+	if m.sched != nil && slices.Equal(ws, m.workers) {
+		return nil
 	}
-	req := router.SchedRequest{ID: uuid.New(), ISL: isl, Blocks: hashing.SequenceHashes(nil, local), Overlaps: overlaps, TierOverlaps: tiers}
-	loads := sched.PotentialLoads(req)
+	if m.sched == nil {
+		if len(ws) == 0 {
+			return nil
+		}
+		sched, err := router.NewScheduler(router.SchedulerConfig{BlockSize: idx.blockSize, OverlapWeight: routeWeight,
+			MaxBatchedTokens: 8192, TrackPrefillTokens: true}, ws)
+		if err != nil {
+			return err
+		}
+		m.sched, m.workers = sched, ws
+		return nil
+	}
+	dropped, err := m.sched.SetWorkers(nil, ws)
+	if err != nil {
+		return err
+	}
+	for _, key := range dropped {
+		delete(s.routes, key)
+	}
+	m.workers = ws
+	return nil
+}
+
+// admit schedules a request as key; it returns the chosen worker and every
+// candidate's terms (m.mu holds the scheduler still between weighing them
+// and deciding).
+func (m *modelRouter) admit(key uuid.UUID, blockSize, isl int, local []uint64, overlaps map[kvevent.Worker]uint32, tiers map[kvevent.Worker][kvevent.NumTiers]uint32) (kvevent.Worker, []Candidate, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	req := router.SchedRequest{ID: key, ISL: isl, Blocks: hashing.SequenceHashes(nil, local), Overlaps: overlaps, TierOverlaps: tiers}
+	loads := m.sched.PotentialLoads(req)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	wk, err := sched.Schedule(ctx, req)
+	wk, err := m.sched.Schedule(ctx, req)
 	if err != nil {
 		return kvevent.Worker{}, nil, err
 	}
-	rq := &routed{id: req.ID, isl: isl, worker: wk, overlap: overlaps[wk], deadline: deadline.UnixNano()}
-	if t, ok := tiers[wk]; ok {
-		rq.tiers = &t
-	}
-	m.reqs[id] = rq
 	cands := make([]Candidate, len(loads))
 	for i, l := range loads {
 		cands[i] = Candidate{InstanceID: uint64(l.Worker.ID), DPRank: int(l.Worker.DPRank), OverlapBlocks: overlaps[l.Worker],
@@ -181,18 +177,6 @@ const MaxRequestID = 256
 
 // routeWeight is the routes' overlap weight (router.DefaultOverlapWeight).
 const routeWeight = router.DefaultOverlapWeight
-
-func slicesEqual(a, b []kvevent.Worker) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
 
 func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 	var q RouteRequest
@@ -234,30 +218,32 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 		q.RequestID = uuid.NewString()
 	}
 
-	// The id is reserved first (s.mu, then m.mu: the order expire takes
-	// them in), and given back if the request is not admitted.
+	// The id is reserved first, and given back if the request is not
+	// admitted; the scheduler is brought to the instances registered.
+	key, name := routeKey(q.RequestID)
 	s.mu.Lock()
-	ws := s.workersOf(k)
-	m := idx.router
-	if s.routes[q.RequestID] != nil {
+	if s.routes[key] != nil {
 		s.mu.Unlock()
 		fail(w, http.StatusConflict, fmt.Errorf("request_id: %q is in flight", q.RequestID))
 		return
 	}
-	if len(ws) == 0 {
+	if err := s.syncRouter(k, idx); err != nil || idx.router.sched == nil {
 		s.mu.Unlock()
 		fail(w, http.StatusServiceUnavailable, fmt.Errorf("model %s:%s has no instance registered", k.model, k.tenant))
 		return
 	}
-	s.routes[q.RequestID] = m
+	rt := &route{m: idx.router, name: name}
+	s.routes[key] = rt
 	s.mu.Unlock()
-	deadline := time.Now().Add(s.cfg.RequestTTL)
-	wk, cands, err := m.admit(ws, idx.blockSize, q.RequestID, isl, local, scores.Scores, tiers.Scores, deadline)
+	wk, cands, err := rt.m.admit(key, idx.blockSize, isl, local, scores.Scores, tiers.Scores)
 	s.mu.Lock()
-	if err != nil {
-		delete(s.routes, q.RequestID)
-	} else {
-		s.expectExpiry(expiry{deadline.UnixNano(), q.RequestID, m})
+	switch {
+	case s.routes[key] != rt: // its instance left meanwhile: freed
+	case err != nil:
+		delete(s.routes, key)
+	default:
+		rt.at = time.Now().Add(s.cfg.RequestTTL).UnixNano()
+		s.expectExpiry(expiry{rt.at, key})
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -278,72 +264,38 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 func (s *Service) release(complete bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
+		key, name := routeKey(id)
 		s.mu.Lock()
-		m := s.routes[id]
+		rt := s.routes[key]
+		if rt == nil || rt.name != name || rt.at == 0 {
+			s.mu.Unlock()
+			fail(w, http.StatusNotFound, fmt.Errorf("request %q: not in flight (unknown, completed, expired, or being routed)", id))
+			return
+		}
 		if complete {
-			delete(s.routes, id)
+			delete(s.routes, key)
 		}
+		// m.mu is taken before s.mu is let go: a later route of the same
+		// id is admitted after this release.
+		rt.m.mu.Lock()
 		s.mu.Unlock()
-		if m == nil {
-			fail(w, http.StatusNotFound, fmt.Errorf("request %q: not in flight (unknown, completed or expired)", id))
-			return
-		}
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		rq := m.reqs[id]
-		if rq == nil {
-			fail(w, http.StatusNotFound, fmt.Errorf("request %q: not in flight", id))
-			return
-		}
-		switch {
-		case rq.orphan:
-			if complete {
-				delete(m.reqs, id)
-			}
-		case complete:
-			delete(m.reqs, id)
-			_ = m.sched.Free(rq.id)
-		case !rq.prefill:
-			rq.prefill = true
-			_ = m.sched.MarkPrefillCompleted(rq.id)
+		defer rt.m.mu.Unlock()
+		// Unknown to the scheduler: admitted on an instance as it left.
+		if complete {
+			_ = rt.m.sched.Free(key)
+		} else {
+			_ = rt.m.sched.MarkPrefillCompleted(key)
 		}
 		reply(w, http.StatusOK, map[string]string{"request_id": id})
 	}
-}
-
-// freeRoutesOf frees the requests in flight on the instances gone (s.mu
-// held): their ids are free again, at once.
-func (s *Service) freeRoutesOf(gone map[*modelRouter]map[kvevent.Worker]bool) {
-	for id, m := range s.routes {
-		ws := gone[m]
-		if ws == nil {
-			continue
-		}
-		m.mu.Lock()
-		if rq := m.reqs[id]; rq != nil && ws[rq.worker] {
-			s.forgetRoute(m, id, rq)
-		}
-		m.mu.Unlock()
-	}
-}
-
-// forgetRoute frees request id, rq in m, from the scheduler and the
-// service (s.mu and m.mu held).
-func (s *Service) forgetRoute(m *modelRouter, id string, rq *routed) {
-	if !rq.orphan {
-		_ = m.sched.Free(rq.id)
-	}
-	delete(m.reqs, id)
-	delete(s.routes, id)
 }
 
 // expiry is when a routed request's TTL ends. The service keeps them in
 // the order they were admitted, which (one TTL for all) is the order of
 // their deadlines: expire looks only at the front.
 type expiry struct {
-	at int64 // Unix ns
-	id string
-	m  *modelRouter
+	at  int64 // Unix ns
+	key uuid.UUID
 }
 
 // expectExpiry queues a request's deadline (s.mu held), compacting the
@@ -353,7 +305,7 @@ func (s *Service) expectExpiry(e expiry) {
 	if live := len(s.routes); len(s.expiries) > 2*live+1024 {
 		kept := s.expiries[:0]
 		for _, e := range s.expiries {
-			if s.routes[e.id] == e.m {
+			if rt := s.routes[e.key]; rt != nil && rt.at == e.at {
 				kept = append(kept, e)
 			}
 		}
@@ -373,22 +325,27 @@ func (s *Service) expire() {
 		case <-s.ctx.Done():
 			return
 		case now := <-t.C:
-			s.mu.Lock()
-			n := 0
-			for ; n < len(s.expiries) && now.UnixNano() > s.expiries[n].at; n++ {
-				e := s.expiries[n]
-				if s.routes[e.id] != e.m {
-					continue // completed, freed, or reused on another model
-				}
-				e.m.mu.Lock()
-				if rq := e.m.reqs[e.id]; rq != nil && now.UnixNano() > rq.deadline { // nil: being admitted
-					s.forgetRoute(e.m, e.id, rq)
-				}
-				e.m.mu.Unlock()
-			}
-			clear(s.expiries[:n])
-			s.expiries = s.expiries[n:]
-			s.mu.Unlock()
+			s.expireBy(now.UnixNano())
 		}
 	}
+}
+
+// expireBy frees the requests whose deadline is before now.
+func (s *Service) expireBy(now int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for ; n < len(s.expiries) && now > s.expiries[n].at; n++ {
+		e := s.expiries[n]
+		// Another route of the key (completed and routed again) has a
+		// deadline of its own; one being admitted, none yet.
+		if rt := s.routes[e.key]; rt != nil && rt.at != 0 && now > rt.at {
+			delete(s.routes, e.key)
+			rt.m.mu.Lock()
+			_ = rt.m.sched.Free(e.key)
+			rt.m.mu.Unlock()
+		}
+	}
+	clear(s.expiries[:n])
+	s.expiries = s.expiries[n:]
 }

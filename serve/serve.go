@@ -45,6 +45,8 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/google/uuid"
+
 	"github.com/kvradix/kvradix/cluster"
 	"github.com/kvradix/kvradix/ingest/vllm"
 	"github.com/kvradix/kvradix/kvevent"
@@ -198,12 +200,12 @@ type Service struct {
 	mu        sync.Mutex
 	indexes   map[modelKey]*index
 	instances map[instanceKey]*instance
-	dumping   chan struct{}           // one /dump at a time
-	large     chan struct{}           // slots of requests with large bodies (see bounded)
-	pending   map[instanceKey]bool    // reserved, their endpoints being dialled
-	dialing   sync.WaitGroup          // the dials of pending instances
-	routes    map[string]*modelRouter // requests in flight, by request id
-	expiries  []expiry                // their deadlines, soonest first (see expire)
+	dumping   chan struct{}        // one /dump at a time
+	large     chan struct{}        // slots of requests with large bodies (see bounded)
+	pending   map[instanceKey]bool // reserved, their endpoints being dialled
+	dialing   sync.WaitGroup       // the dials of pending instances
+	routes    map[uuid.UUID]*route // requests in flight, by routeKey
+	expiries  []expiry             // their deadlines, soonest first (see expire)
 	closed    bool
 
 	// recovering, with Config.StateDir, until Recover has run: the
@@ -217,7 +219,7 @@ type Service struct {
 func New(cfg Config) *Service {
 	cfg.defaults()
 	s := &Service{cfg: cfg, indexes: map[modelKey]*index{}, instances: map[instanceKey]*instance{},
-		pending: map[instanceKey]bool{}, routes: map[string]*modelRouter{}, dumping: make(chan struct{}, 1), large: make(chan struct{}, largeBodies)}
+		pending: map[instanceKey]bool{}, routes: map[uuid.UUID]*route{}, dumping: make(chan struct{}, 1), large: make(chan struct{}, largeBodies)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.recovering.Store(cfg.StateDir != "")
 	s.metrics = newMetrics(s)
@@ -443,22 +445,17 @@ func (s *Service) Unregister(u Unregistration) error {
 			pending++
 		}
 	}
-	routesGone := map[*modelRouter]map[kvevent.Worker]bool{}
 	for key, inst := range s.instances {
-		if !u.names(key) {
-			continue
+		if u.names(key) {
+			delete(s.instances, key)
+			gone = append(gone, leaving{key, inst, s.indexes[key.modelKey]})
 		}
-		delete(s.instances, key)
-		idx := s.indexes[key.modelKey]
-		gone = append(gone, leaving{key, inst, idx})
-		if routesGone[idx.router] == nil {
-			routesGone[idx.router] = map[kvevent.Worker]bool{}
-		}
-		routesGone[idx.router][kvevent.Worker{ID: key.instance, DPRank: kvevent.DPRank(key.rank)}] = true
 	}
 	// The requests in flight there are freed with them: their ids may be
 	// used again at once.
-	s.freeRoutesOf(routesGone)
+	for _, g := range gone {
+		_ = s.syncRouter(g.key.modelKey, g.idx) // no error: the workers come from a map's keys, none twice
+	}
 	s.mu.Unlock()
 	if len(gone) == 0 && pending == 0 {
 		return fmt.Errorf("%w: no instance %d of model %q", ErrUnknownModel, u.InstanceID, u.ModelName)
@@ -589,7 +586,7 @@ func newPool(lanes, blockSize int, tiers bool) *shardpool.Pool {
 
 // indexOver returns the index of pool, with its router.
 func indexOver(pool *shardpool.Pool, blockSize int) *index {
-	return &index{pool: pool, sink: pool, blockSize: blockSize, tiers: pool.KeepsTiers(), router: &modelRouter{reqs: map[string]*routed{}}}
+	return &index{pool: pool, sink: pool, blockSize: blockSize, tiers: pool.KeepsTiers(), router: &modelRouter{}}
 }
 
 // Close stops every subscriber and, with Config.StateDir, saves the state
