@@ -67,10 +67,14 @@ import (
 // and its parent settled in turn. So memory follows what is held: removing
 // every worker leaves an empty tree.
 //
-// Each worker maps its engine block hashes to blocks in a compact
-// extendible hash table (engineTable, 16 bytes an entry). Apart from that
-// table, a held block costs one bit; a distinct block costs its 8-byte
-// tokens hash.
+// Engine block hashes name blocks through one table for every worker
+// (chainTable): each block records the engine hash it was created with
+// (its own hash) and claims it in the table; a worker holding the block
+// names it by that hash without an entry of its own. A worker's names
+// that disagree (another hash scheme, a salt, an alias, a hash the table
+// gives to another block) are its own (xworker.xnames). A held block
+// costs one bit; a distinct block its 8-byte tokens hash, its 8-byte own
+// hash and an 8-byte slot of the table.
 //
 // # Concurrency contract
 //
@@ -87,9 +91,11 @@ import (
 //     taken parent before child, never the other way: a removal that
 //     empties a run releases it, then locks the parent and the run again
 //     and checks that the run is still unneeded before deleting it. The
-//     engine-table work (most of a store) runs after the walk, under no
-//     lock, and a hash re-pointed by the event leaves its old block last,
-//     so the path just stored is never trimmed under it.
+//     table of engine hashes is written without locks (see chainTable):
+//     a block's claim while its run is locked, at its creation, its
+//     release when it is trimmed. A hash re-pointed by the event leaves
+//     its old block after the walk, so the path just stored is never
+//     trimmed under it.
 //   - The tree-wide tables are concurrent: run ids in a chunked array whose
 //     chunks never move (runTable), workers in an xsync.Map; slot and id
 //     allocation take small mutexes of their own, once per new worker or
@@ -120,6 +126,7 @@ type CompressedTree struct {
 	scratch  sync.Pool                 // *cmatchScratch
 	stores   sync.Pool                 // *storeScratch
 	runs     runTable
+	chain    chainTable // engine hash -> the block it is the own hash of
 	workers  *xsync.Map[kvevent.Worker, *xworker]
 	stripes  [writerStripes]writerStripe
 	rootMu   [rootStripes]paddedMutex
@@ -220,8 +227,14 @@ type crun struct {
 	first     uint64 // the first block's tokens hash
 	serial    uint64 // unique for the tree's life, unlike id
 
+	// eng holds each position's own engine hash (the one the block was
+	// created with; len = cap of keys), written under mu and read
+	// atomically by the table's lookups.
+	eng atomic.Pointer[[]uint64]
+
 	// Writer-side, under mu.
-	mu   sync.Mutex
+	mu      sync.Mutex
+	claimed []uint64 // positions whose own hash names them in the table
 	id   uint32
 	hw   uint32 // the longest length published for the current array
 	dead bool   // deleted: unreachable, and never to be written again
@@ -246,23 +259,42 @@ func (h *holder) has(off uint32) bool {
 	return i < len(h.bits) && h.bits[i]&(1<<(off%64)) != 0
 }
 
-// xworker is one cache owner (a worker id and rank). Its table and aliases
-// are touched only by the goroutine applying its events.
+// xworker is one cache owner (a worker id and rank). Its maps are touched
+// only by the goroutine applying its events.
 type xworker struct {
-	worker  kvevent.Worker
-	slot    uint32
-	size    atomic.Int64      // blocks held
-	eng     engineTable       // engine hash -> location
-	aliases map[uint64]uint32 // location -> engine hashes naming it beyond the first (nil: none)
+	worker kvevent.Worker
+	slot   uint32
+	size   atomic.Int64         // blocks held
+	runs   map[*crun]struct{}   // the runs it holds blocks of
+	xnames map[uint64]uint64    // its names of its own: engine hash -> location (nil: none)
+	xcount map[uint64]uint32    // location -> how many xnames name it, | noOwn (nil: none)
 }
+
+// noOwn marks, in xcount, a block the worker holds only by names of its
+// own: the block's own hash does not name it for the worker.
+const noOwn = 1 << 31
 
 // A location packs a run id (high half, >= 1) and an offset; 0 is the root.
 func pack(r *crun, off uint32) uint64 { return uint64(r.id)<<32 | uint64(off) }
 
-// unpack returns the run and offset of a location the caller's worker
-// holds (so the run is live).
+// unpack returns the run and offset of a location (the run nil if none
+// has its id; a location the caller's worker holds is live).
 func (t *CompressedTree) unpack(loc uint64) (*crun, uint32) {
 	return t.runs.get(uint32(loc >> 32)), uint32(loc)
+}
+
+// ownHash returns the own engine hash of the block at loc, for the
+// table's lookups: false if no run has loc's id or the run is shorter.
+func (t *CompressedTree) ownHash(loc uint64) (uint64, bool) {
+	r, off := t.unpack(loc)
+	if r == nil {
+		return 0, false
+	}
+	eng := r.eng.Load()
+	if eng == nil || int(off) >= len(*eng) {
+		return 0, false
+	}
+	return atomic.LoadUint64(&(*eng)[off]), true
 }
 
 // runTable maps run ids to runs: chunks of runChunk slots that never move
@@ -340,6 +372,7 @@ func (t *CompressedTree) ready() {
 		t.heads = xsync.NewMap[uint64, *crun]()
 		t.workers = xsync.NewMap[kvevent.Worker, *xworker]()
 		t.edgeMask = ^uint64(0)
+		t.chain.init(t.ownHash)
 		t.scratch.New = func() any { return &cmatchScratch{} }
 		t.stores.New = func() any { return &storeScratch{} }
 	})

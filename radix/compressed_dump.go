@@ -2,6 +2,7 @@ package radix
 
 import (
 	"maps"
+	"math/bits"
 	"slices"
 
 	"github.com/kvradix/kvradix/kvevent"
@@ -56,7 +57,7 @@ func (t *CompressedTree) dumpEach(yield func(kvevent.RouterEvent)) {
 			w, _ := tierHolderOf(hw)
 			for _, tier := range kvevent.Tiers {
 				if xw, _ := t.workers.Load(tierHolder(w, tier)); xw != nil {
-					if _, ok := xw.eng.get(h); ok {
+					if _, _, ok := t.nameOf(xw, h); ok {
 						return true
 					}
 				}
@@ -82,8 +83,29 @@ func (t *CompressedTree) dumpEach(yield func(kvevent.RouterEvent)) {
 		d.held, d.extra, d.placeholders, d.removals = nil, nil, nil, nil
 		dumpByDepth(d, func(add func(w kvevent.Worker, h, n uint64)) {
 			for _, xw := range holders[w] {
-				xw.eng.each(func(h, loc uint64) { add(xw.worker, h, loc) })
+				t.eachName(xw, func(h, loc uint64) { add(xw.worker, h, loc) })
 			}
 		}, depth)
+	}
+}
+
+// eachName calls fn for every engine hash xw names a block by, and the
+// block; no writer may run.
+func (t *CompressedTree) eachName(xw *xworker, fn func(h, loc uint64)) {
+	for r := range xw.runs {
+		hs := r.holderArray()
+		i, _ := holderOf(hs, xw)
+		eng := *r.eng.Load()
+		for w, word := range hs[i].bits {
+			for ; word != 0; word &= word - 1 {
+				off := uint32(64*w + bits.TrailingZeros64(word))
+				if loc := pack(r, off); xw.xcount[loc]&noOwn == 0 {
+					fn(eng[off], loc)
+				}
+			}
+		}
+	}
+	for h, loc := range xw.xnames {
+		fn(h, loc)
 	}
 }

@@ -22,16 +22,19 @@ func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
 	missing := 0
 	l := leaver{t: t, xw: xw}
 	for _, h := range hashes {
-		loc, ok := xw.eng.del(h)
+		loc, own, ok := t.nameOf(xw, h)
 		if !ok {
 			missing++
 			continue
 		}
-		l.unname(loc)
+		if !own {
+			delete(xw.xnames, h)
+		}
+		l.unname(loc, own)
 	}
 	l.release()
 	t.addSize(xw, -l.left)
-	if xw.eng.len() == 0 {
+	if xw.size.Load() == 0 {
 		t.forget(xw)
 	}
 	if missing > 0 {
@@ -42,15 +45,40 @@ func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
 
 // forget drops everything xw holds and releases its slot.
 func (t *CompressedTree) forget(xw *xworker) {
-	l := leaver{t: t, xw: xw}
-	xw.eng.each(func(_, loc uint64) { l.unname(loc) })
-	l.release()
-	t.addSize(xw, -l.left)
-	xw.eng, xw.aliases = engineTable{}, nil
+	left := 0
+	for r := range xw.runs {
+		r.mu.Lock()
+		left += r.drop(xw)
+		t.settle(r)
+	}
+	t.addSize(xw, -left)
+	xw.runs, xw.xnames, xw.xcount = nil, nil, nil
 	t.workers.Delete(xw.worker)
 	t.slotMu.Lock()
 	t.freeSlot = append(t.freeSlot, xw.slot)
 	t.slotMu.Unlock()
+}
+
+// drop removes xw from the holders of r (locked), returning how many
+// blocks it held there.
+func (r *crun) drop(xw *xworker) int {
+	hs := r.holderArray()
+	i, found := holderOf(hs, xw)
+	if !found {
+		return 0
+	}
+	held := int(hs[i].held)
+	r.setHolders(slices.Delete(slices.Clone(hs), i, i+1))
+	return held
+}
+
+// setHolders publishes a new holder array (nil if empty).
+func (r *crun) setHolders(hs []holder) {
+	if len(hs) == 0 {
+		r.holders.Store(nil)
+	} else {
+		r.holders.Store(&hs)
+	}
 }
 
 // leaver drops engine hashes of one worker from the blocks they name,
@@ -64,10 +92,26 @@ type leaver struct {
 	left int   // blocks the worker left
 }
 
-// unname drops one engine hash of the worker naming loc (the table entry is
-// the caller's to delete); the worker leaves loc with its last alias.
-func (l *leaver) unname(loc uint64) {
-	if dropAlias(l.xw.aliases, loc) {
+// unname drops one name of the worker for the block at loc: its own hash
+// (own), or one of its xnames (the caller deletes the entry). The worker
+// leaves the block with its last name.
+func (l *leaver) unname(loc uint64, own bool) {
+	xw := l.xw
+	c := xw.xcount[loc]
+	if !own {
+		c--
+	}
+	switch {
+	case c&^noOwn > 0 && own:
+		xw.xcount[loc] = c | noOwn // still named by names of its own
+		return
+	case c&^noOwn > 0:
+		xw.xcount[loc] = c
+		return
+	case c != 0 || own:
+		delete(xw.xcount, loc) // and no name left
+	default:
+		delete(xw.xcount, loc) // still named by the block's own hash
 		return
 	}
 	r, off := l.t.unpack(loc)
@@ -76,7 +120,7 @@ func (l *leaver) unname(loc uint64) {
 		r.mu.Lock()
 		l.r = r
 	}
-	r.leave(l.xw, off)
+	r.leave(xw, off)
 	l.left++
 }
 
@@ -100,12 +144,8 @@ func (r *crun) leave(xw *xworker, off uint32) {
 	}
 	switch {
 	case h.held == 0:
-		rest := slices.Delete(slices.Clone(hs), i, i+1)
-		if len(rest) == 0 {
-			r.holders.Store(nil)
-		} else {
-			r.holders.Store(&rest)
-		}
+		r.setHolders(slices.Delete(slices.Clone(hs), i, i+1))
+		delete(xw.runs, r)
 	case off+1 == h.top:
 		// Words above the new top are zero: drop them, so that the next
 		// search for the top starts near it (tail-first eviction stays
@@ -143,7 +183,7 @@ func (r *crun) extent() uint32 {
 // if nothing of it is needed; r is locked, and settle unlocks it.
 func (t *CompressedTree) settle(r *crun) {
 	if e := r.extent(); e > 0 {
-		r.trim(e)
+		t.trim(r, e)
 		r.mu.Unlock()
 		return
 	}
@@ -152,15 +192,31 @@ func (t *CompressedTree) settle(r *crun) {
 	t.drop(r)
 }
 
-// trim shortens r (locked) to e blocks, if longer. The array stays: no
-// reader's view changes, and a later push past e takes a fresh one
-// (crun.hw). The version tells readers that a cut they read may belong to
-// blocks written after the keys they compared.
-func (r *crun) trim(e uint32) {
-	if e < r.n.Load() {
-		r.n.Store(e)
-		r.ver.Add(1)
+// trim shortens r (locked) to e blocks, if longer, releasing the table's
+// entries of the blocks trimmed. The array stays: no reader's view
+// changes, and a later push past e takes a fresh one (crun.hw). The
+// version tells readers that a cut they read may belong to blocks written
+// after the keys they compared.
+func (t *CompressedTree) trim(r *crun, e uint32) {
+	n := r.n.Load()
+	if e >= n {
+		return
 	}
+	eng := *r.eng.Load()
+	for off := e; off < n; off++ {
+		if hasBit(r.claimed, off) {
+			t.chain.release(eng[off], pack(r, off))
+		}
+	}
+	if w := int(e+63) / 64; w < len(r.claimed) {
+		clear(r.claimed[w:])
+		r.claimed = r.claimed[:w]
+	}
+	if e%64 != 0 && len(r.claimed) > 0 {
+		r.claimed[len(r.claimed)-1] &= 1<<(e%64) - 1
+	}
+	r.n.Store(e)
+	r.ver.Add(1)
 }
 
 // drop deletes r, unlocked, if it is still unneeded once its parent's lock
@@ -185,12 +241,13 @@ func (t *CompressedTree) drop(r *crun) {
 		if e := r.extent(); e > 0 {
 			// A store entered r while it was unlocked: r stays, trimmed to
 			// what that store (and anyone else) needs of it.
-			r.trim(e)
+			t.trim(r, e)
 			r.mu.Unlock()
 			up.Unlock()
 			return
 		}
 		r.dead = true
+		t.trim(r, 0)
 		t.unhang(r)
 		t.runs.del(r.id)
 		r.mu.Unlock()
@@ -206,7 +263,7 @@ func (t *CompressedTree) drop(r *crun) {
 			p.kids = nil
 		}
 		if e := p.extent(); e > 0 {
-			p.trim(e)
+			t.trim(p, e)
 			up.Unlock()
 			return
 		}

@@ -12,22 +12,27 @@ import (
 
 // storeScratch holds a store's per-block buffers, reused across events.
 type storeScratch struct {
-	locs  []uint64 // each block's location
-	fresh []bool   // whether the walk made the worker hold the block
-	old   []uint64 // blocks whose engine hash the event re-pointed
+	locs  []uint64  // each block's location
+	fresh []bool    // whether the walk made the worker hold the block
+	old   []oldName // names the event moved to other blocks
 }
 
-// store applies a Stored event in three passes:
+// oldName is a block a worker named by a hash the event moves elsewhere.
+type oldName struct {
+	loc uint64
+	own bool // the block's own hash (else one of the worker's xnames)
+}
+
+// store applies a Stored event in two passes:
 //
 //  1. walk: find or create each block's place along the path, run by run
-//     under the runs' locks, and make the worker hold it (one holder update
-//     per run, not per block);
-//  2. name: insert the engine hashes into the worker's table, under no
-//     lock: a hash new to the worker whose block it did not hold before
-//     adds a block, one whose block it already held adds an alias, one
-//     re-pointed from another block leaves that block (pass 3);
-//  3. leave the re-pointed blocks, last, so that the path just stored is
-//     never trimmed.
+//     under the runs' locks, make the worker hold it (one holder update
+//     per run, not per block) and name it: by its own hash if the event's
+//     hash is the block's (the common case: no table access), else by a
+//     name of the worker's own. A created block claims its hash in the
+//     table.
+//  2. leave the blocks whose names the event moved, last, so that the
+//     path just stored is never trimmed.
 func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	if err := checkChain(w, d); err != nil {
 		return err
@@ -38,14 +43,14 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	if d.HasParent {
 		ok := false
 		if xw != nil {
-			parent, ok = xw.eng.get(d.ParentHash)
+			parent, _, ok = t.nameOf(xw, d.ParentHash)
 		}
 		// A block stored in one tier may hang under one held in another:
 		// the worker's other holders are written by this goroutine too, so
 		// the parent stays held while the store runs.
 		for _, o := range others {
 			if !ok && o != nil {
-				parent, ok = o.eng.get(d.ParentHash)
+				parent, _, ok = t.nameOf(o, d.ParentHash)
 			}
 		}
 		if !ok {
@@ -62,11 +67,10 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	s := t.stores.Get().(*storeScratch)
 	n := len(d.Blocks)
 	s.locs, s.fresh, s.old = slices.Grow(s.locs[:0], n)[:n], slices.Grow(s.fresh[:0], n)[:n], s.old[:0]
-	t.walk(xw, parent, d.Blocks, s)
-	joined := t.name(xw, d.Blocks, s)
+	joined := t.walk(xw, parent, d.Blocks, s)
 	l := leaver{t: t, xw: xw}
-	for _, loc := range s.old {
-		l.unname(loc)
+	for _, o := range s.old {
+		l.unname(o.loc, o.own)
 	}
 	l.release()
 	t.addSize(xw, joined-l.left) // once per event, not per block
@@ -86,7 +90,7 @@ func (t *CompressedTree) moved(others [kvevent.NumTiers - 1]*xworker, blocks []k
 		}
 		var gone []uint64
 		for i, b := range blocks {
-			if loc, ok := o.eng.get(b.BlockHash); ok && loc != locs[i] {
+			if loc, _, ok := t.nameOf(o, b.BlockHash); ok && loc != locs[i] {
 				gone = append(gone, b.BlockHash)
 			}
 		}
@@ -96,39 +100,33 @@ func (t *CompressedTree) moved(others [kvevent.NumTiers - 1]*xworker, blocks []k
 	}
 }
 
-// name enters the event's engine hashes in the worker's table (pass 2 of
-// store) and returns how many blocks the worker holds that it did not.
-func (t *CompressedTree) name(xw *xworker, blocks []kvevent.StoredBlock, s *storeScratch) int {
-	joined := 0
-	xw.eng.warm(blocks[:min(warmAhead, len(blocks))])
-	for i, b := range blocks {
-		if i%warmAhead == 0 && i+warmAhead < len(blocks) {
-			xw.eng.warm(blocks[i+warmAhead : min(i+2*warmAhead, len(blocks))])
-		}
-		loc := s.locs[i]
-		e, had := xw.eng.slot(b.BlockHash)
-		old := e.loc
-		if had && old == loc {
-			continue // already named so: the walk found it held
-		}
-		e.loc = loc
-		if s.fresh[i] {
-			joined++
-		} else {
-			if xw.aliases == nil {
-				xw.aliases = map[uint64]uint32{}
-			}
-			xw.aliases[loc]++
-		}
-		if had {
-			s.old = append(s.old, old)
-		}
+// nameOf returns the block xw names by engine hash h, and whether h is
+// that block's own hash.
+func (t *CompressedTree) nameOf(xw *xworker, h uint64) (loc uint64, own, ok bool) {
+	if loc, ok := xw.xnames[h]; ok {
+		return loc, false, true
 	}
-	return joined
+	if loc, ok := t.chain.find(h); ok && t.holdsOwn(xw, loc) {
+		return loc, true, true
+	}
+	return 0, false, false
 }
 
-// warmAhead is how many blocks' engine-table slots a store loads ahead.
-const warmAhead = 16
+// holdsOwn reports whether xw holds the block at loc by its own hash. It
+// reads the run without its lock: xw's bits are written only by the
+// goroutine asking.
+func (t *CompressedTree) holdsOwn(xw *xworker, loc uint64) bool {
+	if xw.xcount[loc]&noOwn != 0 {
+		return false
+	}
+	r, off := t.unpack(loc)
+	if r == nil {
+		return false
+	}
+	hs := r.holderArray()
+	i, found := holderOf(hs, xw)
+	return found && hs[i].has(off)
+}
 
 // walker is the state of a store's walk (pass 1): the run it is in,
 // locked, with its writer-side keys and length (published when the walk
@@ -137,16 +135,19 @@ type walker struct {
 	t      *CompressedTree
 	xw     *xworker
 	s      *storeScratch
+	blocks []kvevent.StoredBlock
 	r      *crun
 	ks     []uint64
 	n, off uint32 // the run's length; the position last reached
 	from   uint32 // the position of the first block placed in r
 	first  int    // that block's index in the event
+	joined int    // blocks the worker holds that it did not
 }
 
-// walk places every block (pass 1 of store): s.locs and s.fresh.
-func (t *CompressedTree) walk(xw *xworker, parent uint64, blocks []kvevent.StoredBlock, s *storeScratch) {
-	wk := walker{t: t, xw: xw, s: s}
+// walk places and names every block (pass 1 of store): s.locs, s.fresh
+// and s.old; it returns how many blocks the worker holds that it did not.
+func (t *CompressedTree) walk(xw *xworker, parent uint64, blocks []kvevent.StoredBlock, s *storeScratch) int {
+	wk := walker{t: t, xw: xw, s: s, blocks: blocks}
 	i := 0
 	if parent != 0 {
 		r, off := t.unpack(parent) // held by xw, so live
@@ -159,7 +160,7 @@ func (t *CompressedTree) walk(xw *xworker, parent uint64, blocks []kvevent.Store
 		root.Lock()
 		r := t.child(nil, 0, key)
 		if r == nil {
-			r = t.newRun(nil, 0, key, len(blocks))
+			r = t.newRun(nil, 0, blocks[0], len(blocks))
 		}
 		r.mu.Lock()
 		root.Unlock()
@@ -168,10 +169,11 @@ func (t *CompressedTree) walk(xw *xworker, parent uint64, blocks []kvevent.Store
 		i = 1
 	}
 	for ; i < len(blocks); i++ {
-		wk.step(i, blocks[i].TokensHash, len(blocks)-i)
+		wk.step(i, len(blocks)-i)
 	}
 	wk.leave()
 	wk.r.mu.Unlock()
+	return wk.joined
 }
 
 // enter starts on r, locked, where block first will be at position from.
@@ -180,10 +182,12 @@ func (wk *walker) enter(r *crun, from uint32, first int) {
 	wk.off, wk.from, wk.first = from, from, first
 }
 
-// step places block i, of tokens hash key, after the last one; room is how
-// many blocks the event stores from here on (this one included), so that a
-// run created or extended by the event is sized once.
-func (wk *walker) step(i int, key uint64, room int) {
+// step places block i after the last one; room is how many blocks the
+// event stores from here on (this one included), so that a run created or
+// extended by the event is sized once. A run is extended up to maxRunLen
+// blocks; a path goes on past it in a child run.
+func (wk *walker) step(i int, room int) {
+	key := wk.blocks[i].TokensHash
 	r, next := wk.r, wk.off+1
 	if next < wk.n && wk.ks[next] == key { // the run's own next block
 		wk.off = next
@@ -194,15 +198,15 @@ func (wk *walker) step(i int, key uint64, room int) {
 	if next < wk.n || r.hasKidAt(wk.off) {
 		c = wk.t.child(r, wk.off, key)
 	}
-	if c == nil && next == wk.n {
+	if c == nil && next == wk.n && next < maxRunLen {
 		// The run's end, and no child run has the block: extend the run.
-		wk.push(key, room)
+		wk.push(wk.blocks[i], room)
 		wk.off = next
 		wk.s.locs[i] = pack(r, next)
 		return
 	}
 	if c == nil {
-		c = wk.t.newRun(r, wk.off, key, room)
+		c = wk.t.newRun(r, wk.off, wk.blocks[i], room)
 	}
 	wk.leave()
 	c.mu.Lock()
@@ -211,34 +215,115 @@ func (wk *walker) step(i int, key uint64, room int) {
 	wk.s.locs[i] = pack(c, 0)
 }
 
-// push appends key at the run's end (unpublished until leave), growing the
-// array to fit room blocks more (the rest of the event may extend the run
-// too), or by an eighth, so that runs extended in small steps still append
-// in amortised constant time. An array once published past this length
-// (the run was trimmed) is not written again: the run gets a fresh one.
-func (wk *walker) push(key uint64, room int) {
+// push appends block b at the run's end (unpublished until leave), growing
+// the arrays to fit room blocks more (the rest of the event may extend the
+// run too), or by an eighth, so that runs extended in small steps still
+// append in amortised constant time. An array once published past this
+// length (the run was trimmed) is not written again: the run gets a fresh
+// one. The block claims its own hash.
+func (wk *walker) push(b kvevent.StoredBlock, room int) {
 	r, n := wk.r, wk.n
 	if int(n) == len(wk.ks) || n < r.hw {
-		grown := make([]uint64, int(n)+max(room, int(n)/8, 1))
+		size := min(int(n)+max(room, int(n)/8, 1), maxRunLen)
+		grown := make([]uint64, size)
 		copy(grown, wk.ks[:n])
+		eng := make([]uint64, size)
+		copy(eng, (*r.eng.Load())[:n])
 		r.keys.Store(&grown)
+		r.eng.Store(&eng)
 		wk.ks, r.hw = grown, n
 	}
-	wk.ks[n] = key
+	wk.ks[n] = b.TokensHash
+	wk.t.own(r, n, b.BlockHash)
 	wk.n++
 }
 
-// leave publishes the run's length and makes the worker hold the blocks
-// placed in it; the caller releases the run's lock.
+// own makes h the own hash of position off of r (locked, created now), and
+// claims it in the table unless another block has it.
+func (t *CompressedTree) own(r *crun, off uint32, h uint64) {
+	atomic.StoreUint64(&(*r.eng.Load())[off], h)
+	if t.chain.claim(h, pack(r, off)) {
+		setBit(&r.claimed, off)
+	}
+}
+
+// setBit sets bit i of the bitset.
+func setBit(ws *[]uint64, i uint32) {
+	for int(i/64) >= len(*ws) {
+		*ws = append(*ws, 0)
+	}
+	(*ws)[i/64] |= 1 << (i % 64)
+}
+
+func hasBit(ws []uint64, i uint32) bool {
+	return int(i/64) < len(ws) && ws[i/64]&(1<<(i%64)) != 0
+}
+
+// leave publishes the run's length, makes the worker hold the blocks
+// placed in it and names them; the caller releases the run's lock.
 func (wk *walker) leave() {
 	r := wk.r
 	if wk.n != r.n.Load() {
 		r.n.Store(wk.n)
 		r.hw = max(r.hw, wk.n)
 	}
-	if wk.off >= wk.from {
-		r.hold(wk.xw, wk.from, wk.off, wk.s.fresh[wk.first:wk.first+int(wk.off-wk.from)+1])
+	if wk.off < wk.from {
+		return
 	}
+	r.hold(wk.xw, wk.from, wk.off, wk.s.fresh[wk.first:wk.first+int(wk.off-wk.from)+1])
+	eng := *r.eng.Load()
+	for p := wk.from; p <= wk.off; p++ {
+		i := wk.first + int(p-wk.from)
+		wk.name(i, r, p, hasBit(r.claimed, p) && eng[p] == wk.blocks[i].BlockHash)
+	}
+}
+
+// name makes the worker name block i of the event, placed at position p of
+// r, by its engine hash; own: the hash is the block's own. The worker's
+// name for the hash elsewhere, if any, goes to s.old.
+func (wk *walker) name(i int, r *crun, p uint32, own bool) {
+	xw, h, fresh, loc := wk.xw, wk.blocks[i].BlockHash, wk.s.fresh[i], pack(r, p)
+	if fresh {
+		wk.joined++
+	}
+	if own {
+		// The block's own hash: the worker names no other block by it,
+		// unless by a name of its own.
+		if q, ok := xw.xnames[h]; ok {
+			delete(xw.xnames, h)
+			wk.s.old = append(wk.s.old, oldName{q, false})
+		}
+		if c := xw.xcount[loc]; !fresh && c&noOwn != 0 {
+			xw.xcount[loc] = c &^ noOwn // held by names of its own until now
+		}
+		return
+	}
+	q, qOwn, ok := wk.t.nameOf(xw, h)
+	if ok && q == loc {
+		return // named so already
+	}
+	if ok && qOwn && wk.unnamed(q, p) {
+		ok = false // held since this event's hold, named by a later block of it
+	}
+	if xw.xnames == nil {
+		xw.xnames, xw.xcount = map[uint64]uint64{}, map[uint64]uint32{}
+	}
+	xw.xnames[h] = loc
+	c := xw.xcount[loc] + 1
+	if fresh {
+		c |= noOwn
+	}
+	xw.xcount[loc] = c
+	if ok {
+		wk.s.old = append(wk.s.old, oldName{q, qOwn})
+	}
+}
+
+// unnamed reports whether loc is a block the walk made the worker hold in
+// its current run and has not named yet (p is being named).
+func (wk *walker) unnamed(loc uint64, p uint32) bool {
+	r, off := wk.t.unpack(loc)
+	return r == wk.r && off > p && off <= wk.off && wk.s.fresh[wk.first+int(off-wk.from)]
 }
 
 // hold makes xw hold positions from..to of r (locked), setting fresh[i]
@@ -253,6 +338,10 @@ func (r *crun) hold(xw *xworker, from, to uint32, fresh []bool) {
 		copy(grown[i+1:], hs[i:])
 		r.holders.Store(&grown) // a variable of its own: &hs would move hs to the heap on every call
 		hs = grown
+		if xw.runs == nil {
+			xw.runs = map[*crun]struct{}{}
+		}
+		xw.runs[r] = struct{}{}
 	}
 	h := &hs[i]
 	for int(to/64) >= len(h.bits) {
@@ -289,16 +378,20 @@ func (r *crun) hasKidAt(off uint32) bool {
 	return found
 }
 
-// newRun creates a one-block run hanging from position off of parent
-// (locked; for the root, the key's root stripe is).
-func (t *CompressedTree) newRun(parent *crun, off uint32, key uint64, room int) *crun {
+// newRun creates a one-block run of block b hanging from position off of
+// parent (locked; for the root, the block's root stripe is).
+func (t *CompressedTree) newRun(parent *crun, off uint32, b kvevent.StoredBlock, room int) *crun {
+	key := b.TokensHash
 	r := &crun{parent: parent, parentOff: off, first: key, serial: t.serials.Add(1)}
-	ks := make([]uint64, max(room, 1))
+	size := min(max(room, 1), maxRunLen)
+	ks, eng := make([]uint64, size), make([]uint64, size)
 	ks[0] = key
 	r.keys.Store(&ks)
+	r.eng.Store(&eng)
 	r.n.Store(1)
 	r.hw = 1
 	t.runs.add(r)
+	t.own(r, 0, b.BlockHash) // unlocked, but unreachable until hung below
 	if parent != nil {
 		i, found := parent.kidAt(off)
 		if found {

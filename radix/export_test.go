@@ -231,9 +231,15 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 		if r.hw < r.n.Load() || int(r.hw) > len(*r.keys.Load()) {
 			return runs, fmt.Errorf("run %d: published %d of an array of %d, length %d", id, r.hw, len(*r.keys.Load()), r.n.Load())
 		}
+		if err := claimsOf(t, r); err != nil {
+			return runs, err
+		}
 		hs := r.holderArray()
 		for i := range hs {
 			h := &hs[i]
+			if _, ok := h.w.runs[r]; !ok {
+				return runs, fmt.Errorf("run %d: worker %v holds it, does not list it", id, h.w.worker)
+			}
 			if i > 0 && hs[i-1].w.slot >= h.w.slot {
 				return runs, fmt.Errorf("run %d: holders not sorted by slot", id)
 			}
@@ -273,30 +279,15 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 	}
 	pairs := 0
 	t.workers.Range(func(w kvevent.Worker, xw *xworker) bool {
-		if xw.worker != w || xw.eng.len() == 0 {
-			err = fmt.Errorf("worker %v registered with %d blocks", w, xw.eng.len())
-			return false
-		}
-		names := map[uint64]uint32{}
-		xw.eng.each(func(h, loc uint64) {
-			r, off := t.unpack(loc)
-			i, found := holderOf(r.holderArray(), xw)
-			if err == nil && (!found || !r.holderArray()[i].has(off)) {
-				err = fmt.Errorf("worker %v hash %x names a block it does not hold", w, h)
-			}
-			names[loc]++
-		})
-		if err == nil {
-			err = checkAliases(w, names, xw.aliases)
-		}
-		if err == nil && int(xw.size.Load()) != len(names) {
-			err = fmt.Errorf("worker %v size %d, names %d blocks", w, xw.size.Load(), len(names))
-		}
-		pairs += len(names)
+		pairs += int(xw.size.Load())
+		err = namesOf(t, w, xw)
 		return err == nil
 	})
 	if err != nil {
 		return runs, err
+	}
+	if claimed, entries := claimedCount(t), chainEntries(t); claimed != entries {
+		return runs, fmt.Errorf("%d blocks claim their hash, the table has %d entries", claimed, entries)
 	}
 	if pairs != members || pairs != t.Size() {
 		return runs, fmt.Errorf("%d hashes, %d memberships, size %d", pairs, members, t.Size())
@@ -305,6 +296,106 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 		return runs, fmt.Errorf("%d map entries for %d runs", n, runs)
 	}
 	return runs, nil
+}
+
+// claimsOf checks r's own hashes: a claimed position is found by its hash
+// in the table, and no claim lies past the run's end.
+func claimsOf(t *CompressedTree, r *crun) error {
+	n, eng := r.n.Load(), *r.eng.Load()
+	if len(eng) != len(*r.keys.Load()) {
+		return fmt.Errorf("run %d: %d own hashes for %d blocks' room", r.id, len(eng), len(*r.keys.Load()))
+	}
+	for off := range uint32(64 * len(r.claimed)) {
+		if !hasBit(r.claimed, off) {
+			continue
+		}
+		if off >= n {
+			return fmt.Errorf("run %d claims position %d past its length %d", r.id, off, n)
+		}
+		if loc, ok := t.chain.find(eng[off]); !ok || loc != pack(r, off) {
+			return fmt.Errorf("run %d position %d claims %#x, the table has it at %#x (%v)", r.id, off, eng[off], loc, ok)
+		}
+	}
+	return nil
+}
+
+func claimedCount(t *CompressedTree) int {
+	n := 0
+	t.runs.each(func(r *crun) {
+		for _, w := range r.claimed {
+			n += bits.OnesCount64(w)
+		}
+	})
+	return n
+}
+
+func chainEntries(t *CompressedTree) int {
+	n, seen := 0, map[*chainSeg]bool{}
+	for _, s := range t.chain.dir.Load().segs {
+		if !seen[s] {
+			seen[s] = true
+			n += countLive(s)
+		}
+	}
+	return n
+}
+
+// namesOf checks a worker's names: each names a block the worker holds,
+// its own names are counted per block, a block held but not by its own
+// hash is marked so, and its size is the blocks it holds.
+func namesOf(t *CompressedTree, w kvevent.Worker, xw *xworker) error {
+	if xw.worker != w || xw.size.Load() <= 0 {
+		return fmt.Errorf("worker %v registered with %d blocks", w, xw.size.Load())
+	}
+	held, own := map[uint64]bool{}, map[uint64]bool{}
+	for r := range xw.runs {
+		hs := r.holderArray()
+		i, found := holderOf(hs, xw)
+		if !found {
+			return fmt.Errorf("worker %v lists run %d, holds nothing there", w, r.id)
+		}
+		for off := range hs[i].top {
+			if hs[i].has(off) {
+				held[pack(r, off)] = true
+			}
+		}
+	}
+	if int(xw.size.Load()) != len(held) {
+		return fmt.Errorf("worker %v size %d, holds %d blocks", w, xw.size.Load(), len(held))
+	}
+	counts := map[uint64]uint32{}
+	var err error
+	t.eachName(xw, func(h, loc uint64) {
+		if x, ok := xw.xnames[h]; ok && x == loc {
+			counts[loc]++
+		} else {
+			own[loc] = true
+			if l, ok := t.chain.find(h); err == nil && (!ok || l != loc) {
+				err = fmt.Errorf("worker %v names %#x by its own hash %#x, which the table has at %#x", w, loc, h, l)
+			}
+		}
+		if err == nil && !held[loc] {
+			err = fmt.Errorf("worker %v hash %x names a block it does not hold", w, h)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	for loc := range held {
+		want := counts[loc]
+		if !own[loc] {
+			want |= noOwn
+		}
+		if xw.xcount[loc] != want || want == noOwn {
+			return fmt.Errorf("worker %v block %#x: count %#x, want %#x (own %v)", w, loc, xw.xcount[loc], want, own[loc])
+		}
+	}
+	for loc := range xw.xcount {
+		if !held[loc] {
+			return fmt.Errorf("worker %v counts names of %#x, does not hold it", w, loc)
+		}
+	}
+	return nil
 }
 
 // ConcurrentJoinUnder makes w hold the node of tokens hash local under the

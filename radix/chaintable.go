@@ -1,0 +1,354 @@
+package radix
+
+import (
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// chainTable maps engine block hashes to the blocks they are the own hash
+// of, for every worker at once: an engine's block hash is a chain hash of
+// the block's tokens and its parent's hash, equal across engines for equal
+// content, so one entry serves every worker holding the block. A
+// CompressedTree claims a block's entry when it creates the block (see
+// crun.eng) and releases it when the block is trimmed; names that disagree
+// with it are the workers' own (xworker.xnames).
+//
+// # Layout
+//
+// Extendible hashing over segments of segSlots 8-byte slots with linear
+// probing: a directory indexed by the top bits of the hash's fingerprint
+// points at segments, and a full segment splits in two (or, mostly
+// tombstones, is rebuilt) without touching the others. So the table never
+// rehashes as a whole, never faults in more than one segment's pages at a
+// time, and a slot costs 8 bytes: the hash itself is not kept. A slot
+// packs a 24-bit fingerprint of the hash with the block's location (26
+// bits of run id, 14 of offset); a probe compares fingerprints, and only
+// on a match reads the block's engine hash through keyOf. Splits rehash
+// by fingerprint alone: the directory takes the fingerprint's top bits and
+// the home slot its low 12, so they stay apart up to 4,096 segments (12M
+// blocks) and share bits beyond, where probes lengthen but stay exact.
+//
+// # Concurrency
+//
+// Writers of any worker insert and delete at once, without locks: a slot
+// goes from empty to an entry by compare-and-swap, an entry becomes a
+// tombstone by compare-and-swap, and a probe that reaches an empty slot
+// ends (entries never move within a segment). A split freezes its segment
+// before reading it: a writer checks, after its swap, that the segment was
+// not frozen, and otherwise waits for the new directory and repeats its
+// operation there, so no write is lost (either the split's copy saw the
+// swap, or the writer saw the freeze). Splits take mu, the directory's
+// lock, for their publication only.
+//
+// A lookup (find) reads slots with atomic loads and takes no lock. It may
+// meet a frozen segment, and there an entry a split has already left
+// behind; its answer is still exact for the entries its caller relies on
+// (those of blocks the caller's worker holds, which no other writer
+// inserts or deletes meanwhile), and claim, which decides, rechecks.
+type chainTable struct {
+	dir atomic.Pointer[chainDir]
+	mu  sync.Mutex // serialises directory changes
+	// keyOf returns the engine hash block loc is claimed by, or false if
+	// loc is no block (its run gone). It is called on a fingerprint match.
+	keyOf func(loc uint64) (uint64, bool)
+}
+
+// chainDir is an immutable directory: segment i serves the fingerprints
+// whose top depth bits are i.
+type chainDir struct {
+	depth uint8
+	segs  []*chainSeg
+}
+
+// chainSeg is one segment: 8-byte slots, 0 empty, chainTomb deleted.
+type chainSeg struct {
+	depth  uint8       // its local depth: the directory bits its fingerprints share
+	frozen atomic.Bool  // being split, merged or rebuilt: writers go to the next directory
+	count  atomic.Int64 // slots used (entries and tombstones) | entries<<32
+	_      [64 - 16]byte // count is written by every insert: off the slots' first line
+	slots  [segSlots]atomic.Uint64
+}
+
+const (
+	segBits  = 12
+	segSlots = 1 << segBits
+	// segMaxUsed is the used slots (entries and tombstones) past which an
+	// insert splits its segment: linear probes stay within a few lines.
+	segMaxUsed = segSlots * 7 / 8
+
+	fpBits    = 24
+	chainTomb = 1 // run id 0, offset 1: never a block
+
+	slotIDBits  = 26
+	slotOffBits = 14
+	// maxRunLen caps a run's length so that every offset fits a slot: a
+	// store past it continues in a child run.
+	maxRunLen = 1 << slotOffBits
+)
+
+// fingerprint returns h's fingerprint: the top 24 bits of a Fibonacci mix
+// (engine hashes in tests are small integers).
+func fingerprint(h uint64) uint64 { return (h * 0x9E3779B97F4A7C15) >> (64 - fpBits) }
+
+// encode packs a block's location with its hash's fingerprint; false if
+// the location does not fit a slot (its run id is past 2^26: such a block
+// is not claimed, and its names are the workers' own).
+func encode(fp, loc uint64) (uint64, bool) {
+	id, off := loc>>32, loc&(1<<32-1)
+	if id >= 1<<slotIDBits || off >= 1<<slotOffBits {
+		return 0, false
+	}
+	return fp<<(slotIDBits+slotOffBits) | id<<slotOffBits | off, true
+}
+
+// decode returns a slot's location.
+func decode(v uint64) uint64 {
+	return (v>>slotOffBits)&(1<<slotIDBits-1)<<32 | v&(1<<slotOffBits-1)
+}
+
+func slotFP(v uint64) uint64 { return v >> (slotIDBits + slotOffBits) }
+
+// init makes the table empty: one segment.
+func (c *chainTable) init(keyOf func(loc uint64) (uint64, bool)) {
+	c.keyOf = keyOf
+	c.dir.Store(&chainDir{segs: []*chainSeg{new(chainSeg)}})
+}
+
+// segment returns the segment serving fingerprint fp.
+func (c *chainTable) segment(fp uint64) *chainSeg {
+	d := c.dir.Load()
+	return d.segs[fp>>(fpBits-d.depth)]
+}
+
+// find returns the block engine hash h is claimed by.
+func (c *chainTable) find(h uint64) (uint64, bool) {
+	fp := fingerprint(h)
+	loc, _, ok := c.probe(c.segment(fp), h, fp)
+	return loc, ok
+}
+
+// probe looks for h in s: its location if found, else the first empty
+// slot (-1 if none).
+func (c *chainTable) probe(s *chainSeg, h, fp uint64) (loc uint64, empty int, found bool) {
+	for i, n := int(fp&(segSlots-1)), 0; n < segSlots; i, n = (i+1)&(segSlots-1), n+1 {
+		v := s.slots[i].Load()
+		if v == 0 {
+			return 0, i, false
+		}
+		if slotFP(v) == fp && v != chainTomb {
+			if k, ok := c.keyOf(decode(v)); ok && k == h {
+				return decode(v), -1, true
+			}
+		}
+	}
+	return 0, -1, false
+}
+
+// claim makes loc the block h is claimed by, unless h already claims
+// another (or loc cannot be encoded): whether loc is h's now.
+func (c *chainTable) claim(h, loc uint64) bool {
+	fp := fingerprint(h)
+	v, ok := encode(fp, loc)
+	if !ok {
+		return false
+	}
+	for {
+		s := c.segment(fp)
+		got, empty, found := c.probe(s, h, fp)
+		switch {
+		case found:
+			if !s.frozen.Load() {
+				return got == loc
+			}
+		case empty < 0: // full: only at the deepest directory (see the type)
+			if !c.grow(s) {
+				return false
+			}
+		case s.slots[empty].CompareAndSwap(0, v):
+			if !s.frozen.Load() {
+				if used(s.count.Add(1<<32|1)) > segMaxUsed {
+					c.grow(s)
+				}
+				return true
+			}
+			// A split may not have seen it: do it again there.
+		default:
+			continue // another insert took the slot: probe again
+		}
+		c.await(s, fp)
+	}
+}
+
+// release deletes h's entry if it is loc's.
+func (c *chainTable) release(h, loc uint64) {
+	fp := fingerprint(h)
+	v, ok := encode(fp, loc)
+	if !ok {
+		return
+	}
+	for {
+		s := c.segment(fp)
+		for i, n := int(fp&(segSlots-1)), 0; n < segSlots; i, n = (i+1)&(segSlots-1), n+1 {
+			w := s.slots[i].Load()
+			if w == 0 {
+				break
+			}
+			if w == v && s.slots[i].CompareAndSwap(v, chainTomb) {
+				if entries(s.count.Add(-1<<32)) < segSlots/8 {
+					c.merge(s)
+				}
+				break
+			}
+		}
+		if !s.frozen.Load() {
+			return
+		}
+		c.await(s, fp) // the split may have copied the entry
+	}
+}
+
+// await waits until the directory no longer serves fp with s (frozen).
+func (c *chainTable) await(s *chainSeg, fp uint64) {
+	for {
+		if c.segment(fp) != s {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+func used(count int64) int    { return int(uint32(count)) }
+func entries(count int64) int { return int(count >> 32) }
+
+// grow splits s in two, or rebuilds it if mostly tombstones, unless
+// another writer is doing so; false if s can do neither (full of entries
+// at the deepest directory).
+func (c *chainTable) grow(s *chainSeg) bool {
+	deepest := s.depth == fpBits
+	if deepest && countLive(s) >= segMaxUsed || !s.frozen.CompareAndSwap(false, true) {
+		return s.frozen.Load()
+	}
+	if deepest || countLive(s) < segMaxUsed/2 {
+		c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, s)})
+		return true
+	}
+	a, b := &chainSeg{depth: s.depth + 1}, &chainSeg{depth: s.depth + 1}
+	s.each(func(v uint64) {
+		if slotFP(v)>>(fpBits-a.depth)&1 == 0 {
+			a.put(v)
+		} else {
+			b.put(v)
+		}
+	})
+	c.publish([]*chainSeg{s}, []*chainSeg{a, b})
+	return true
+}
+
+// merge joins s, left with few entries, with its buddy (the segment of the
+// same depth whose fingerprints differ in their last directory bit) if
+// they fit one segment together, and so on up: memory is returned as
+// entries are released. It gives up if either is being reshaped.
+func (c *chainTable) merge(s *chainSeg) {
+	for s.depth > 0 {
+		b := c.buddy(s)
+		if b == nil || entries(s.count.Load())+entries(b.count.Load()) >= segMaxUsed/2 {
+			return
+		}
+		if !s.frozen.CompareAndSwap(false, true) {
+			return
+		}
+		if !b.frozen.CompareAndSwap(false, true) {
+			c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, s)})
+			return
+		}
+		if countLive(s)+countLive(b) >= segMaxUsed { // inserts came meanwhile
+			c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, s)})
+			c.publish([]*chainSeg{b}, []*chainSeg{rebuilt(b.depth, b)})
+			return
+		}
+		m := rebuilt(s.depth-1, s, b)
+		c.publish([]*chainSeg{s, b}, []*chainSeg{m})
+		s = m
+	}
+}
+
+// buddy returns the segment s would merge with, if it has one.
+func (c *chainTable) buddy(s *chainSeg) *chainSeg {
+	d := c.dir.Load()
+	i := slices.Index(d.segs, s)
+	if i < 0 {
+		return nil
+	}
+	shift := d.depth - s.depth
+	b := d.segs[(i>>shift^1)<<shift]
+	if b.depth != s.depth {
+		return nil
+	}
+	return b
+}
+
+// rebuilt returns a segment of the given depth holding the entries of
+// segs (frozen), without their tombstones.
+func rebuilt(depth uint8, segs ...*chainSeg) *chainSeg {
+	n := &chainSeg{depth: depth}
+	for _, s := range segs {
+		s.each(n.put)
+	}
+	return n
+}
+
+// each calls fn for every entry of s.
+func (s *chainSeg) each(fn func(v uint64)) {
+	for i := range s.slots {
+		if v := s.slots[i].Load(); v != 0 && v != chainTomb {
+			fn(v)
+		}
+	}
+}
+
+// put inserts entry v into s, not yet published.
+func (s *chainSeg) put(v uint64) {
+	j := int(slotFP(v) & (segSlots - 1))
+	for s.slots[j].Load() != 0 {
+		j = (j + 1) & (segSlots - 1)
+	}
+	s.slots[j].Store(v)
+	s.count.Add(1<<32 | 1)
+}
+
+// countLive counts s's entries.
+func countLive(s *chainSeg) int {
+	live := 0
+	s.each(func(uint64) { live++ })
+	return live
+}
+
+// publish replaces olds (frozen, adjacent in the directory) by parts,
+// which serve the same fingerprints: one segment for each, two one deeper
+// for one (doubling the directory if it was as deep), or one a level up
+// for two.
+func (c *chainTable) publish(olds, parts []*chainSeg) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d := c.dir.Load()
+	if parts[len(parts)-1].depth > d.depth {
+		segs := make([]*chainSeg, 2*len(d.segs))
+		for i, x := range d.segs {
+			segs[2*i], segs[2*i+1] = x, x
+		}
+		d = &chainDir{depth: d.depth + 1, segs: segs}
+	} else {
+		d = &chainDir{depth: d.depth, segs: slices.Clone(d.segs)}
+	}
+	first, span := len(d.segs), 0
+	for _, o := range olds {
+		first = min(first, slices.Index(d.segs, o))
+		span += 1 << (d.depth - o.depth)
+	}
+	for i := range span {
+		d.segs[first+i] = parts[i*len(parts)/span]
+	}
+	c.dir.Store(d)
+}

@@ -1,0 +1,196 @@
+package radix
+
+import (
+	"math/rand/v2"
+	"sync"
+	"testing"
+)
+
+// testChain is a chainTable over blocks whose engine hashes are fixed in
+// advance: block (id, off) has hash keys[id][off].
+type testChain struct {
+	chainTable
+	keys [][]uint64
+}
+
+func newTestChain(runs, perRun int, hash func(id, off int) uint64) *testChain {
+	c := &testChain{keys: make([][]uint64, runs+1)}
+	for id := 1; id <= runs; id++ {
+		c.keys[id] = make([]uint64, perRun)
+		for off := range perRun {
+			c.keys[id][off] = hash(id, off)
+		}
+	}
+	c.init(func(loc uint64) (uint64, bool) {
+		id, off := loc>>32, loc&(1<<32-1)
+		if id == 0 || id >= uint64(len(c.keys)) || off >= uint64(len(c.keys[id])) {
+			return 0, false
+		}
+		return c.keys[id][off], true
+	})
+	return c
+}
+
+func loc(id, off int) uint64 { return uint64(id)<<32 | uint64(off) }
+
+// The table agrees with a map through claims, finds and releases that
+// split segments many times and rebuild them after mass deletion, with
+// hashes that share fingerprints (small integers and colliding ones).
+func TestChainTableModel(t *testing.T) {
+	const runs, perRun = 64, 4096
+	rng := rand.New(rand.NewPCG(1, 2))
+	c := newTestChain(runs, perRun, func(id, off int) uint64 {
+		switch id % 3 {
+		case 0:
+			return uint64(id*perRun + off) // small integers
+		case 1:
+			return uint64(id*perRun+off) << 40 // the same low bits
+		}
+		return rng.Uint64()
+	})
+	model := map[uint64]uint64{} // hash -> block
+	check := func(h uint64) {
+		t.Helper()
+		got, ok := c.find(h)
+		want, wok := model[h]
+		if ok != wok || got != want {
+			t.Fatalf("find(%#x) = %#x %v, want %#x %v", h, got, ok, want, wok)
+		}
+	}
+	for round := range 3 {
+		for id := 1; id <= runs; id++ {
+			for off := range perRun {
+				h, l := c.keys[id][off], loc(id, off)
+				owner, taken := model[h]
+				if got := c.claim(h, l); got != (!taken || owner == l) {
+					t.Fatalf("round %d: claim(%#x, %#x) = %v with the hash taken by %#x: %v", round, h, l, got, owner, taken)
+				}
+				if !taken {
+					model[h] = l
+				}
+			}
+		}
+		// A claim of a hash already claimed elsewhere fails; of the same
+		// block again, succeeds.
+		h := c.keys[5][7]
+		if c.claim(h, loc(6, 9)) || !c.claim(h, model[h]) {
+			t.Fatal("second claims")
+		}
+		for h, l := range model {
+			if rng.IntN(10) < 9 || round == 2 {
+				c.release(h, l)
+				delete(model, h)
+			}
+			if other := loc(1, 1); l != other {
+				c.release(h, other) // not its block: nothing
+			}
+		}
+		for id := 1; id <= runs; id += 7 {
+			for off := range perRun {
+				check(c.keys[id][off])
+			}
+		}
+	}
+	if d := c.dir.Load(); d.depth < 6 {
+		t.Fatalf("directory depth %d: the test did not split", d.depth)
+	}
+	distinct := map[*chainSeg]bool{}
+	for _, s := range c.dir.Load().segs {
+		if n := countLive(s); n != 0 {
+			t.Fatalf("a segment holds %d entries after every release", n)
+		}
+		distinct[s] = true
+	}
+	if len(distinct) > 1 {
+		t.Fatalf("%d segments left after every release: not merged", len(distinct))
+	}
+}
+
+// Writers claim, find and release at once: blocks of their own, and
+// hashes every writer claims for a block of its own, of which exactly one
+// wins; nothing is lost through the splits their inserts cause.
+func TestChainTableConcurrent(t *testing.T) {
+	const writers, perRun, shared = 4, maxRunLen, 2_000
+	c := newTestChain(writers, perRun, func(id, off int) uint64 {
+		if off < shared {
+			return uint64(off) * 0x2545F4914F6CDD1D // every writer's block off has it
+		}
+		return uint64(id)<<32 | uint64(off)
+	})
+	won := make([][]bool, writers+1)
+	var wg sync.WaitGroup
+	for id := 1; id <= writers; id++ {
+		won[id] = make([]bool, perRun)
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(id), 0))
+			for off := range perRun {
+				h := c.keys[id][off]
+				won[id][off] = c.claim(h, loc(id, off))
+				if off >= shared && !won[id][off] {
+					t.Errorf("writer %d lost its own hash %#x", id, h)
+					return
+				}
+				if back := rng.IntN(off + 1); back >= shared && won[id][back] {
+					// An own block claimed earlier: found, and some released.
+					if got, ok := c.find(c.keys[id][back]); !ok || got != loc(id, back) {
+						t.Errorf("writer %d: find of its block %d = %#x %v", id, back, got, ok)
+						return
+					}
+					if rng.IntN(4) == 0 {
+						c.release(c.keys[id][back], loc(id, back))
+						won[id][back] = false
+					}
+				}
+			}
+			// Empty the table of its own blocks (segments merge while the
+			// others insert), then take a third back (they split again).
+			for round := range 2 {
+				for off := shared; off < perRun; off++ {
+					switch {
+					case round == 0 && won[id][off]:
+						c.release(c.keys[id][off], loc(id, off))
+						won[id][off] = false
+					case round == 1 && off%3 == 0:
+						won[id][off] = c.claim(c.keys[id][off], loc(id, off))
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for off := range shared {
+		winners := 0
+		for id := 1; id <= writers; id++ {
+			if won[id][off] {
+				winners++
+				if got, ok := c.find(c.keys[id][off]); !ok || got != loc(id, off) {
+					t.Fatalf("shared hash %d won by %d, found at %#x %v", off, id, got, ok)
+				}
+			}
+		}
+		if winners != 1 {
+			t.Fatalf("shared hash %d claimed by %d writers", off, winners)
+		}
+	}
+	for id := 1; id <= writers; id++ {
+		for off := shared; off < perRun; off++ {
+			if got, ok := c.find(c.keys[id][off]); ok != won[id][off] || ok && got != loc(id, off) {
+				t.Fatalf("writer %d block %d: find %#x %v, claimed %v", id, off, got, ok, won[id][off])
+			}
+		}
+	}
+}
+
+// A location that does not fit a slot is never claimed.
+func TestChainTableEncodes(t *testing.T) {
+	c := newTestChain(1, 1, func(int, int) uint64 { return 42 })
+	if c.claim(42, uint64(1)<<slotIDBits<<32) || c.claim(42, loc(1, maxRunLen)) {
+		t.Fatal("claimed a location past the slot's bits")
+	}
+	for _, l := range []uint64{loc(1, 0), loc(1<<slotIDBits-1, maxRunLen-1)} {
+		v, ok := encode(fingerprint(42), l)
+		if !ok || decode(v) != l || slotFP(v) != fingerprint(42) {
+			t.Fatalf("encode %#x: %#x %v", l, v, ok)
+		}
+	}
+}
