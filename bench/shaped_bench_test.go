@@ -34,7 +34,7 @@ var (
 // shapedWorkload is every request of the embedded Mooncake conversation
 // trace stored whole on 16 workers: each 512-token hash id is 32 blocks of
 // 16 tokens, ~767 blocks a request, ~8.3M worker-block pairs in all.
-func shapedWorkload(b *testing.B) ([]shapedReq, int) {
+func shapedWorkload(b testing.TB) ([]shapedReq, int) {
 	shapedOnce.Do(func() {
 		reqs, err := trace.ReadAll(trace.Default())
 		if err != nil {
@@ -65,9 +65,8 @@ func shapedWorkload(b *testing.B) ([]shapedReq, int) {
 
 // buildShaped stores every request of the workload and returns the index
 // with the bytes of heap it took per (worker, block) pair. Collections run
-// twice before each reading: arrays an index recycles through a sync.Pool
-// (outgrown engine tables) survive one collection in its victim cache and
-// are not the index's.
+// twice before each reading, so that nothing left in a sync.Pool's victim
+// cache counts.
 func buildShaped(b *testing.B, newIndex func() radix.Index, reqs []shapedReq) (radix.Index, float64) {
 	runtime.GC()
 	runtime.GC()

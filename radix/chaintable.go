@@ -23,12 +23,14 @@ import (
 // tombstones, is rebuilt) without touching the others. So the table never
 // rehashes as a whole, never faults in more than one segment's pages at a
 // time, and a slot costs 8 bytes: the hash itself is not kept. A slot
-// packs a 24-bit fingerprint of the hash with the block's location (26
-// bits of run id, 14 of offset); a probe compares fingerprints, and only
+// packs a 28-bit fingerprint of the hash with the block's location (24
+// bits of run id, 12 of offset); a probe compares fingerprints, and only
 // on a match reads the block's engine hash through keyOf. Splits rehash
 // by fingerprint alone: the directory takes the fingerprint's top bits and
-// the home slot its low 12, so they stay apart up to 4,096 segments (12M
-// blocks) and share bits beyond, where probes lengthen but stay exact.
+// the home slot its low 12. Two entries of one home in one segment share
+// all but the fingerprint's middle bits: 5 of them at 2,048 segments (6M
+// blocks), so a probe reads another block's hash about once in 50; past
+// 65,536 segments none are left, and probes read more but stay exact.
 //
 // # Concurrency
 //
@@ -64,9 +66,9 @@ type chainDir struct {
 
 // chainSeg is one segment: 8-byte slots, 0 empty, chainTomb deleted.
 type chainSeg struct {
-	depth  uint8       // its local depth: the directory bits its fingerprints share
-	frozen atomic.Bool  // being split, merged or rebuilt: writers go to the next directory
-	count  atomic.Int64 // slots used (entries and tombstones) | entries<<32
+	depth  uint8         // its local depth: the directory bits its fingerprints share
+	frozen atomic.Bool   // being split, merged or rebuilt: writers go to the next directory
+	count  atomic.Int64  // slots used (entries and tombstones) | entries<<32
 	_      [64 - 16]byte // count is written by every insert: off the slots' first line
 	slots  [segSlots]atomic.Uint64
 }
@@ -78,22 +80,22 @@ const (
 	// insert splits its segment: linear probes stay within a few lines.
 	segMaxUsed = segSlots * 7 / 8
 
-	fpBits    = 24
+	fpBits    = 28
 	chainTomb = 1 // run id 0, offset 1: never a block
 
-	slotIDBits  = 26
-	slotOffBits = 14
+	slotIDBits  = 24
+	slotOffBits = 12
 	// maxRunLen caps a run's length so that every offset fits a slot: a
 	// store past it continues in a child run.
 	maxRunLen = 1 << slotOffBits
 )
 
-// fingerprint returns h's fingerprint: the top 24 bits of a Fibonacci mix
+// fingerprint returns h's fingerprint: the top 28 bits of a Fibonacci mix
 // (engine hashes in tests are small integers).
 func fingerprint(h uint64) uint64 { return (h * 0x9E3779B97F4A7C15) >> (64 - fpBits) }
 
 // encode packs a block's location with its hash's fingerprint; false if
-// the location does not fit a slot (its run id is past 2^26: such a block
+// the location does not fit a slot (its run id is past 2^24: such a block
 // is not claimed, and its names are the workers' own).
 func encode(fp, loc uint64) (uint64, bool) {
 	id, off := loc>>32, loc&(1<<32-1)
@@ -127,6 +129,13 @@ func (c *chainTable) find(h uint64) (uint64, bool) {
 	fp := fingerprint(h)
 	loc, _, ok := c.probe(c.segment(fp), h, fp)
 	return loc, ok
+}
+
+// peek loads h's home slot, so that its cache miss overlaps others: a
+// writer about to insert several hashes peeks ahead of its inserts.
+func (c *chainTable) peek(h uint64) uint64 {
+	fp := fingerprint(h)
+	return c.segment(fp).slots[fp&(segSlots-1)].Load()
 }
 
 // probe looks for h in s: its location if found, else the first empty

@@ -81,8 +81,9 @@ import (
 //   - Writers (Apply, ApplyBatch, RemoveWorker) may run from any number of
 //     goroutines, provided the events of one worker id (and its
 //     RemoveWorker) come from one goroutine at a time (shardpool.Pool pins
-//     each worker id to a lane). A worker's own state (its engine table,
-//     aliases and size) is then touched by one goroutine only.
+//     each worker id to a lane). A worker's own state (its names of its
+//     own, the runs it holds and its size) is then touched by one
+//     goroutine only.
 //   - Writers share runs, and lock them: a store walks its path hand over
 //     hand (the next run is locked before the last is released; a run's
 //     children are found or created under its lock, top-level runs under
@@ -235,10 +236,10 @@ type crun struct {
 	// Writer-side, under mu.
 	mu      sync.Mutex
 	claimed []uint64 // positions whose own hash names them in the table
-	id   uint32
-	hw   uint32 // the longest length published for the current array
-	dead bool   // deleted: unreachable, and never to be written again
-	kids []kidCount
+	id      uint32
+	hw      uint32 // the longest length published for the current array
+	dead    bool   // deleted: unreachable, and never to be written again
+	kids    []kidCount
 }
 
 // kidCount counts the child runs hanging from one position.
@@ -264,10 +265,10 @@ func (h *holder) has(off uint32) bool {
 type xworker struct {
 	worker kvevent.Worker
 	slot   uint32
-	size   atomic.Int64         // blocks held
-	runs   map[*crun]struct{}   // the runs it holds blocks of
-	xnames map[uint64]uint64    // its names of its own: engine hash -> location (nil: none)
-	xcount map[uint64]uint32    // location -> how many xnames name it, | noOwn (nil: none)
+	size   atomic.Int64       // blocks held
+	runs   map[*crun]struct{} // the runs it holds blocks of
+	xnames map[uint64]uint64  // its names of its own: engine hash -> location (nil: none)
+	xcount map[uint64]uint32  // location -> how many xnames name it, | noOwn (nil: none)
 }
 
 // noOwn marks, in xcount, a block the worker holds only by names of its

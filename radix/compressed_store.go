@@ -15,6 +15,7 @@ type storeScratch struct {
 	locs  []uint64  // each block's location
 	fresh []bool    // whether the walk made the worker hold the block
 	old   []oldName // names the event moved to other blocks
+	sink  uint64    // where the table's peeks go (see walker.push)
 }
 
 // oldName is a block a worker named by a hash the event moves elsewhere.
@@ -128,6 +129,10 @@ func (t *CompressedTree) holdsOwn(xw *xworker, loc uint64) bool {
 	return found && hs[i].has(off)
 }
 
+// peekAhead is how many blocks ahead of its inserts a store loads the
+// table's slots.
+const peekAhead = 8
+
 // walker is the state of a store's walk (pass 1): the run it is in,
 // locked, with its writer-side keys and length (published when the walk
 // leaves the run), and the event's blocks placed in it so far.
@@ -141,7 +146,9 @@ type walker struct {
 	n, off uint32 // the run's length; the position last reached
 	from   uint32 // the position of the first block placed in r
 	first  int    // that block's index in the event
+	made   uint32 // the first position the walk created in r (n if none)
 	joined int    // blocks the worker holds that it did not
+	sink   uint64 // the table's peeks
 }
 
 // walk places and names every block (pass 1 of store): s.locs, s.fresh
@@ -152,19 +159,20 @@ func (t *CompressedTree) walk(xw *xworker, parent uint64, blocks []kvevent.Store
 	if parent != 0 {
 		r, off := t.unpack(parent) // held by xw, so live
 		r.mu.Lock()
-		wk.enter(r, off+1, 0)
+		wk.enter(r, off+1, 0, false)
 		wk.off = off
 	} else {
 		key := blocks[0].TokensHash
 		root := t.rootLock(key)
 		root.Lock()
 		r := t.child(nil, 0, key)
-		if r == nil {
+		made := r == nil
+		if made {
 			r = t.newRun(nil, 0, blocks[0], len(blocks))
 		}
 		r.mu.Lock()
 		root.Unlock()
-		wk.enter(r, 0, 0)
+		wk.enter(r, 0, 0, made)
 		s.locs[0] = pack(r, 0)
 		i = 1
 	}
@@ -173,13 +181,19 @@ func (t *CompressedTree) walk(xw *xworker, parent uint64, blocks []kvevent.Store
 	}
 	wk.leave()
 	wk.r.mu.Unlock()
+	s.sink = wk.sink
 	return wk.joined
 }
 
-// enter starts on r, locked, where block first will be at position from.
-func (wk *walker) enter(r *crun, from uint32, first int) {
+// enter starts on r, locked, where block first will be at position from;
+// made: the walk created r.
+func (wk *walker) enter(r *crun, from uint32, first int, made bool) {
 	wk.r, wk.ks, wk.n = r, *r.keys.Load(), r.n.Load()
 	wk.off, wk.from, wk.first = from, from, first
+	wk.made = wk.n
+	if made {
+		wk.made = 0
+	}
 }
 
 // step places block i after the last one; room is how many blocks the
@@ -205,13 +219,14 @@ func (wk *walker) step(i int, room int) {
 		wk.s.locs[i] = pack(r, next)
 		return
 	}
-	if c == nil {
+	made := c == nil
+	if made {
 		c = wk.t.newRun(r, wk.off, wk.blocks[i], room)
 	}
 	wk.leave()
 	c.mu.Lock()
 	r.mu.Unlock()
-	wk.enter(c, 0, i)
+	wk.enter(c, 0, i, made)
 	wk.s.locs[i] = pack(c, 0)
 }
 
@@ -220,7 +235,7 @@ func (wk *walker) step(i int, room int) {
 // run too), or by an eighth, so that runs extended in small steps still
 // append in amortised constant time. An array once published past this
 // length (the run was trimmed) is not written again: the run gets a fresh
-// one. The block claims its own hash.
+// one. The block claims its own hash when the walk leaves the run.
 func (wk *walker) push(b kvevent.StoredBlock, room int) {
 	r, n := wk.r, wk.n
 	if int(n) == len(wk.ks) || n < r.hw {
@@ -234,16 +249,27 @@ func (wk *walker) push(b kvevent.StoredBlock, room int) {
 		wk.ks, r.hw = grown, n
 	}
 	wk.ks[n] = b.TokensHash
-	wk.t.own(r, n, b.BlockHash)
+	atomic.StoreUint64(&(*r.eng.Load())[n], b.BlockHash)
 	wk.n++
 }
 
-// own makes h the own hash of position off of r (locked, created now), and
-// claims it in the table unless another block has it.
-func (t *CompressedTree) own(r *crun, off uint32, h uint64) {
-	atomic.StoreUint64(&(*r.eng.Load())[off], h)
-	if t.chain.claim(h, pack(r, off)) {
-		setBit(&r.claimed, off)
+// claim makes the blocks the walk created in its run (locked) claim their
+// own hashes in the table, unless other blocks have them. The table's
+// slots are loaded peekAhead at a time before the claims, so that their
+// cache misses overlap.
+func (wk *walker) claim() {
+	r := wk.r
+	eng := *r.eng.Load()
+	for from := wk.made; from < wk.n; from += peekAhead {
+		to := min(from+peekAhead, wk.n)
+		for p := from; p < to; p++ {
+			wk.sink += wk.t.chain.peek(eng[p])
+		}
+		for p := from; p < to; p++ {
+			if wk.t.chain.claim(eng[p], pack(r, p)) {
+				setBit(&r.claimed, p)
+			}
+		}
 	}
 }
 
@@ -263,6 +289,7 @@ func hasBit(ws []uint64, i uint32) bool {
 // placed in it and names them; the caller releases the run's lock.
 func (wk *walker) leave() {
 	r := wk.r
+	wk.claim()
 	if wk.n != r.n.Load() {
 		r.n.Store(wk.n)
 		r.hw = max(r.hw, wk.n)
@@ -364,9 +391,20 @@ func (r *crun) hold(xw *xworker, from, to uint32, fresh []bool) {
 	}
 }
 
-// holderOf returns the index of xw among hs.
+// holderOf returns the index of xw among hs (where it would be, if not
+// there). It reads only the holders' w, which never changes: a writer
+// may call it without the run's lock while others update their entries.
 func holderOf(hs []holder, xw *xworker) (int, bool) {
-	return slices.BinarySearchFunc(hs, xw.slot, func(h holder, slot uint32) int { return int(h.w.slot) - int(slot) })
+	lo, hi := 0, len(hs)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if hs[m].w.slot < xw.slot {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo, lo < len(hs) && hs[lo].w == xw
 }
 
 func (r *crun) kidAt(off uint32) (int, bool) {
@@ -388,10 +426,10 @@ func (t *CompressedTree) newRun(parent *crun, off uint32, b kvevent.StoredBlock,
 	ks[0] = key
 	r.keys.Store(&ks)
 	r.eng.Store(&eng)
+	eng[0] = b.BlockHash // claimed by the walk that makes it (walker.claim)
 	r.n.Store(1)
 	r.hw = 1
 	t.runs.add(r)
-	t.own(r, 0, b.BlockHash) // unlocked, but unreachable until hung below
 	if parent != nil {
 		i, found := parent.kidAt(off)
 		if found {
