@@ -64,20 +64,65 @@ type chainDir struct {
 	segs  []*chainSeg
 }
 
-// chainSeg is one segment: 8-byte slots, 0 empty, chainTomb deleted.
+// chainSeg is one segment: 8-byte slots, 0 empty, chainTomb deleted,
+// read and swapped atomically once published. Its length grows through
+// segLens, and a full-size segment splits into two of the smallest: the
+// table's load swings between 0.5 and 7/8 (halving segments would swing
+// from 0.44 and leave the trace's 5.7M blocks at 0.67 where this leaves
+// them at 0.77), for two copies of each entry, in cache, before it
+// splits. The slots are an allocation of their own, of 28 or 32 KiB (size
+// classes of Go's allocator: with the header they would take a span a page
+// larger), and the header fills a cache line (its count is written by
+// every insert).
 type chainSeg struct {
-	depth  uint8         // its local depth: the directory bits its fingerprints share
-	frozen atomic.Bool   // being split, merged or rebuilt: writers go to the next directory
-	count  atomic.Int64  // slots used (entries and tombstones) | entries<<32
-	_      [64 - 16]byte // count is written by every insert: off the slots' first line
-	slots  [segSlots]atomic.Uint64
+	slots  []uint64
+	count  atomic.Int64 // slots used (entries and tombstones) | entries<<32
+	filled int64        // count while being built, unpublished
+	depth  uint8        // its local depth: the directory bits its fingerprints share
+	frozen atomic.Bool  // being split, merged or rebuilt: writers go to the next directory
+	_      [64 - 48]byte
 }
+
+func newSeg(depth uint8, slots int) *chainSeg {
+	return &chainSeg{slots: make([]uint64, slots), depth: depth}
+}
+
+// segLens are the lengths a segment grows through.
+var segLens = [...]int{segSmall, segSlots}
+
+// grown returns the length after n, or 0 if n is full size.
+func grown(n int) int {
+	for i, l := range segLens[:len(segLens)-1] {
+		if l == n {
+			return segLens[i+1]
+		}
+	}
+	return 0
+}
+
+// home returns fingerprint fp's first slot in s: its low 12 bits scaled
+// to the segment's length.
+func (s *chainSeg) home(fp uint64) int {
+	return int((fp & (segSlots - 1)) * uint64(len(s.slots)) >> segBits)
+}
+
+// next returns the slot after i, wrapping.
+func (s *chainSeg) next(i int) int {
+	if i++; i == len(s.slots) {
+		return 0
+	}
+	return i
+}
+
+// maxUsed is the used slots (entries and tombstones) past which an insert
+// grows s: linear probes stay within a few lines.
+func (s *chainSeg) maxUsed() int { return len(s.slots) * 7 / 8 }
 
 const (
 	segBits  = 12
 	segSlots = 1 << segBits
-	// segMaxUsed is the used slots (entries and tombstones) past which an
-	// insert splits its segment: linear probes stay within a few lines.
+	segSmall = segSlots * 7 / 8
+	// segMaxUsed is a full-size segment's maxUsed.
 	segMaxUsed = segSlots * 7 / 8
 
 	fpBits    = 28
@@ -115,7 +160,7 @@ func slotFP(v uint64) uint64 { return v >> (slotIDBits + slotOffBits) }
 // init makes the table empty: one segment.
 func (c *chainTable) init(keyOf func(loc uint64) (uint64, bool)) {
 	c.keyOf = keyOf
-	c.dir.Store(&chainDir{segs: []*chainSeg{new(chainSeg)}})
+	c.dir.Store(&chainDir{segs: []*chainSeg{newSeg(0, segSmall)}})
 }
 
 // segment returns the segment serving fingerprint fp.
@@ -135,14 +180,16 @@ func (c *chainTable) find(h uint64) (uint64, bool) {
 // writer about to insert several hashes peeks ahead of its inserts.
 func (c *chainTable) peek(h uint64) uint64 {
 	fp := fingerprint(h)
-	return c.segment(fp).slots[fp&(segSlots-1)].Load()
+	s := c.segment(fp)
+	i := s.home(fp)
+	return atomic.LoadUint64(&s.slots[i])
 }
 
 // probe looks for h in s: its location if found, else the first empty
 // slot (-1 if none).
 func (c *chainTable) probe(s *chainSeg, h, fp uint64) (loc uint64, empty int, found bool) {
-	for i, n := int(fp&(segSlots-1)), 0; n < segSlots; i, n = (i+1)&(segSlots-1), n+1 {
-		v := s.slots[i].Load()
+	for i, n := s.home(fp), 0; n < len(s.slots); i, n = s.next(i), n+1 {
+		v := atomic.LoadUint64(&s.slots[i])
 		if v == 0 {
 			return 0, i, false
 		}
@@ -175,9 +222,9 @@ func (c *chainTable) claim(h, loc uint64) bool {
 			if !c.grow(s) {
 				return false
 			}
-		case s.slots[empty].CompareAndSwap(0, v):
+		case atomic.CompareAndSwapUint64(&s.slots[empty], 0, v):
 			if !s.frozen.Load() {
-				if used(s.count.Add(1<<32|1)) > segMaxUsed {
+				if used(s.count.Add(1<<32|1)) > s.maxUsed() {
 					c.grow(s)
 				}
 				return true
@@ -199,13 +246,13 @@ func (c *chainTable) release(h, loc uint64) {
 	}
 	for {
 		s := c.segment(fp)
-		for i, n := int(fp&(segSlots-1)), 0; n < segSlots; i, n = (i+1)&(segSlots-1), n+1 {
-			w := s.slots[i].Load()
+		for i, n := s.home(fp), 0; n < len(s.slots); i, n = s.next(i), n+1 {
+			w := atomic.LoadUint64(&s.slots[i])
 			if w == 0 {
 				break
 			}
-			if w == v && s.slots[i].CompareAndSwap(v, chainTomb) {
-				if entries(s.count.Add(-1<<32)) < segSlots/8 {
+			if w == v && atomic.CompareAndSwapUint64(&s.slots[i], v, chainTomb) {
+				if entries(s.count.Add(-1<<32)) < len(s.slots)/8 {
 					c.merge(s)
 				}
 				break
@@ -231,53 +278,62 @@ func (c *chainTable) await(s *chainSeg, fp uint64) {
 func used(count int64) int    { return int(uint32(count)) }
 func entries(count int64) int { return int(count >> 32) }
 
-// grow splits s in two, or rebuilds it if mostly tombstones, unless
-// another writer is doing so; false if s can do neither (full of entries
-// at the deepest directory).
+// grow makes room in s, unless another writer is doing so: it rebuilds
+// s without its tombstones if they are most of what it holds, else grows
+// it to the next length, or splits a full-size one in two small ones. False if s can do none of these (full of entries at the deepest
+// directory).
 func (c *chainTable) grow(s *chainSeg) bool {
+	live := entries(s.count.Load())
 	deepest := s.depth == fpBits
-	if deepest && countLive(s) >= segMaxUsed || !s.frozen.CompareAndSwap(false, true) {
+	if deepest && len(s.slots) == segSlots && live >= segMaxUsed || !s.frozen.CompareAndSwap(false, true) {
 		return s.frozen.Load()
 	}
-	if deepest || countLive(s) < segMaxUsed/2 {
-		c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, s)})
-		return true
+	switch {
+	case live < s.maxUsed()/2:
+		c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, len(s.slots), s)})
+	case grown(len(s.slots)) > 0:
+		c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, grown(len(s.slots)), s)})
+	case deepest:
+		c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, len(s.slots), s)})
+	default:
+		a, b := newSeg(s.depth+1, segSmall), newSeg(s.depth+1, segSmall)
+		s.each(func(v uint64) {
+			if slotFP(v)>>(fpBits-a.depth)&1 == 0 {
+				a.put(v)
+			} else {
+				b.put(v)
+			}
+		})
+		a.count.Store(a.filled)
+		b.count.Store(b.filled)
+		c.publish([]*chainSeg{s}, []*chainSeg{a, b})
 	}
-	a, b := &chainSeg{depth: s.depth + 1}, &chainSeg{depth: s.depth + 1}
-	s.each(func(v uint64) {
-		if slotFP(v)>>(fpBits-a.depth)&1 == 0 {
-			a.put(v)
-		} else {
-			b.put(v)
-		}
-	})
-	c.publish([]*chainSeg{s}, []*chainSeg{a, b})
 	return true
 }
 
 // merge joins s, left with few entries, with its buddy (the segment of the
 // same depth whose fingerprints differ in their last directory bit) if
-// they fit one segment together, and so on up: memory is returned as
-// entries are released. It gives up if either is being reshaped.
+// they fit one small segment together, and so on up: memory is returned
+// as entries are released. It gives up if either is being reshaped.
 func (c *chainTable) merge(s *chainSeg) {
 	for s.depth > 0 {
 		b := c.buddy(s)
-		if b == nil || entries(s.count.Load())+entries(b.count.Load()) >= segMaxUsed/2 {
+		if b == nil || entries(s.count.Load())+entries(b.count.Load()) >= segSmall/2 {
 			return
 		}
 		if !s.frozen.CompareAndSwap(false, true) {
 			return
 		}
 		if !b.frozen.CompareAndSwap(false, true) {
-			c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, s)})
+			c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, len(s.slots), s)})
 			return
 		}
-		if countLive(s)+countLive(b) >= segMaxUsed { // inserts came meanwhile
-			c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, s)})
-			c.publish([]*chainSeg{b}, []*chainSeg{rebuilt(b.depth, b)})
+		if countLive(s)+countLive(b) >= segSmall*7/8 { // inserts came meanwhile
+			c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, len(s.slots), s)})
+			c.publish([]*chainSeg{b}, []*chainSeg{rebuilt(b.depth, len(b.slots), b)})
 			return
 		}
-		m := rebuilt(s.depth-1, s, b)
+		m := rebuilt(s.depth-1, segSmall, s, b)
 		c.publish([]*chainSeg{s, b}, []*chainSeg{m})
 		s = m
 	}
@@ -298,33 +354,35 @@ func (c *chainTable) buddy(s *chainSeg) *chainSeg {
 	return b
 }
 
-// rebuilt returns a segment of the given depth holding the entries of
-// segs (frozen), without their tombstones.
-func rebuilt(depth uint8, segs ...*chainSeg) *chainSeg {
-	n := &chainSeg{depth: depth}
+// rebuilt returns a segment of the given depth and slots holding the
+// entries of segs (frozen), without their tombstones.
+func rebuilt(depth uint8, slots int, segs ...*chainSeg) *chainSeg {
+	n := newSeg(depth, slots)
 	for _, s := range segs {
 		s.each(n.put)
 	}
+	n.count.Store(n.filled)
 	return n
 }
 
 // each calls fn for every entry of s.
 func (s *chainSeg) each(fn func(v uint64)) {
 	for i := range s.slots {
-		if v := s.slots[i].Load(); v != 0 && v != chainTomb {
+		if v := atomic.LoadUint64(&s.slots[i]); v != 0 && v != chainTomb {
 			fn(v)
 		}
 	}
 }
 
-// put inserts entry v into s, not yet published.
+// put inserts entry v into s, not yet published: plain writes, counted in
+// filled (the caller sets count once).
 func (s *chainSeg) put(v uint64) {
-	j := int(slotFP(v) & (segSlots - 1))
-	for s.slots[j].Load() != 0 {
-		j = (j + 1) & (segSlots - 1)
+	j := s.home(slotFP(v))
+	for s.slots[j] != 0 {
+		j = s.next(j)
 	}
-	s.slots[j].Store(v)
-	s.count.Add(1<<32 | 1)
+	s.slots[j] = v
+	s.filled += 1<<32 | 1
 }
 
 // countLive counts s's entries.

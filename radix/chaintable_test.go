@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"unsafe"
 )
 
 // testChain is a chainTable over blocks whose engine hashes are fixed in
@@ -192,5 +193,12 @@ func TestChainTableEncodes(t *testing.T) {
 		if !ok || decode(v) != l || slotFP(v) != fingerprint(42) {
 			t.Fatalf("encode %#x: %#x %v", l, v, ok)
 		}
+	}
+}
+
+// A segment's header fills one cache line.
+func TestChainSegLayout(t *testing.T) {
+	if n := unsafe.Sizeof(chainSeg{}); n != 64 {
+		t.Fatalf("chainSeg is %d bytes", n)
 	}
 }
