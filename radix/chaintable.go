@@ -55,6 +55,8 @@ type chainTable struct {
 	// keyOf returns the engine hash block loc is claimed by, or false if
 	// loc is no block (its run gone). It is called on a fingerprint match.
 	keyOf func(loc uint64) (uint64, bool)
+	// ids bounds the run ids a slot takes: 2^24, lower in tests.
+	ids uint64
 }
 
 // chainDir is an immutable directory: segment i serves the fingerprints
@@ -142,9 +144,9 @@ func fingerprint(h uint64) uint64 { return (h * 0x9E3779B97F4A7C15) >> (64 - fpB
 // encode packs a block's location with its hash's fingerprint; false if
 // the location does not fit a slot (its run id is past 2^24: such a block
 // is not claimed, and its names are the workers' own).
-func encode(fp, loc uint64) (uint64, bool) {
+func (c *chainTable) encode(fp, loc uint64) (uint64, bool) {
 	id, off := loc>>32, loc&(1<<32-1)
-	if id >= 1<<slotIDBits || off >= 1<<slotOffBits {
+	if id >= c.ids || off >= 1<<slotOffBits {
 		return 0, false
 	}
 	return fp<<(slotIDBits+slotOffBits) | id<<slotOffBits | off, true
@@ -159,7 +161,7 @@ func slotFP(v uint64) uint64 { return v >> (slotIDBits + slotOffBits) }
 
 // init makes the table empty: one segment.
 func (c *chainTable) init(keyOf func(loc uint64) (uint64, bool)) {
-	c.keyOf = keyOf
+	c.keyOf, c.ids = keyOf, 1<<slotIDBits
 	c.dir.Store(&chainDir{segs: []*chainSeg{newSeg(0, segSmall)}})
 }
 
@@ -206,7 +208,7 @@ func (c *chainTable) probe(s *chainSeg, h, fp uint64) (loc uint64, empty int, fo
 // another (or loc cannot be encoded): whether loc is h's now.
 func (c *chainTable) claim(h, loc uint64) bool {
 	fp := fingerprint(h)
-	v, ok := encode(fp, loc)
+	v, ok := c.encode(fp, loc)
 	if !ok {
 		return false
 	}
@@ -240,7 +242,7 @@ func (c *chainTable) claim(h, loc uint64) bool {
 // release deletes h's entry if it is loc's.
 func (c *chainTable) release(h, loc uint64) {
 	fp := fingerprint(h)
-	v, ok := encode(fp, loc)
+	v, ok := c.encode(fp, loc)
 	if !ok {
 		return
 	}

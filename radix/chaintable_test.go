@@ -189,7 +189,7 @@ func TestChainTableEncodes(t *testing.T) {
 		t.Fatal("claimed a location past the slot's bits")
 	}
 	for _, l := range []uint64{loc(1, 0), loc(1<<slotIDBits-1, maxRunLen-1)} {
-		v, ok := encode(fingerprint(42), l)
+		v, ok := c.encode(fingerprint(42), l)
 		if !ok || decode(v) != l || slotFP(v) != fingerprint(42) {
 			t.Fatalf("encode %#x: %#x %v", l, v, ok)
 		}

@@ -123,6 +123,7 @@ type CompressedTree struct {
 	once     sync.Once                 // see ready
 	heads    *xsync.Map[uint64, *crun] // edgeKey -> runs hanging there (a chain on collisions)
 	edgeMask uint64                    // ^0; tests narrow it to force collisions
+	runLimit uint32                    // maxRunLen; tests lower it
 	serials  atomic.Uint64             // runs created so far
 	scratch  sync.Pool                 // *cmatchScratch
 	stores   sync.Pool                 // *storeScratch
@@ -372,7 +373,7 @@ func (t *CompressedTree) ready() {
 	t.once.Do(func() {
 		t.heads = xsync.NewMap[uint64, *crun]()
 		t.workers = xsync.NewMap[kvevent.Worker, *xworker]()
-		t.edgeMask = ^uint64(0)
+		t.edgeMask, t.runLimit = ^uint64(0), maxRunLen
 		t.chain.init(t.ownHash)
 		t.scratch.New = func() any { return &cmatchScratch{} }
 		t.stores.New = func() any { return &storeScratch{} }

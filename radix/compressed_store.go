@@ -198,7 +198,7 @@ func (wk *walker) enter(r *crun, from uint32, first int, made bool) {
 
 // step places block i after the last one; room is how many blocks the
 // event stores from here on (this one included), so that a run created or
-// extended by the event is sized once. A run is extended up to maxRunLen
+// extended by the event is sized once. A run is extended up to runLimit
 // blocks; a path goes on past it in a child run.
 func (wk *walker) step(i int, room int) {
 	key := wk.blocks[i].TokensHash
@@ -212,7 +212,7 @@ func (wk *walker) step(i int, room int) {
 	if next < wk.n || r.hasKidAt(wk.off) {
 		c = wk.t.child(r, wk.off, key)
 	}
-	if c == nil && next == wk.n && next < maxRunLen {
+	if c == nil && next == wk.n && next < wk.t.runLimit {
 		// The run's end, and no child run has the block: extend the run.
 		wk.push(wk.blocks[i], room)
 		wk.off = next
@@ -239,7 +239,7 @@ func (wk *walker) step(i int, room int) {
 func (wk *walker) push(b kvevent.StoredBlock, room int) {
 	r, n := wk.r, wk.n
 	if int(n) == len(wk.ks) || n < r.hw {
-		size := min(int(n)+max(room, int(n)/8, 1), maxRunLen)
+		size := min(int(n)+max(room, int(n)/8, 1), int(wk.t.runLimit))
 		grown := make([]uint64, size)
 		copy(grown, wk.ks[:n])
 		eng := make([]uint64, size)
@@ -421,7 +421,7 @@ func (r *crun) hasKidAt(off uint32) bool {
 func (t *CompressedTree) newRun(parent *crun, off uint32, b kvevent.StoredBlock, room int) *crun {
 	key := b.TokensHash
 	r := &crun{parent: parent, parentOff: off, first: key, serial: t.serials.Add(1)}
-	size := min(max(room, 1), maxRunLen)
+	size := min(max(room, 1), int(t.runLimit))
 	ks, eng := make([]uint64, size), make([]uint64, size)
 	ks[0] = key
 	r.keys.Store(&ks)

@@ -32,6 +32,10 @@ var concurrentImpls = []concurrentImpl{
 		func(i radix.ConcurrentIndex) (int, error) {
 			return radix.CompressedInvariants(i.(*radix.CompressedTree))
 		}},
+	{"compressed-cramped", func() radix.ConcurrentIndex { return radix.NewCompressedTreeCramped() },
+		func(i radix.ConcurrentIndex) (int, error) {
+			return radix.CompressedInvariants(i.(*radix.CompressedTree))
+		}},
 }
 
 // TestConcurrentStructure checks each concurrent index's structure after

@@ -191,6 +191,16 @@ func NewCompressedTreeColliding() *CompressedTree {
 	return t
 }
 
+// NewCompressedTreeCramped returns a CompressedTree whose runs end after 3
+// blocks (a path goes on in child runs) and whose engine-hash table takes
+// only the blocks of runs 1 to 3: the blocks of every later run are named
+// by the workers' own names, as past 2^24 runs.
+func NewCompressedTreeCramped() *CompressedTree {
+	t := NewCompressedTree()
+	t.runLimit, t.chain.ids = 3, 4
+	return t
+}
+
 // CompressedInvariants checks a quiescent CompressedTree: every run is
 // reachable where it hangs, holds someone or has children, is exactly as
 // long as what is needed of it; holders' cuts, tops and counts agree with

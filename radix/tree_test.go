@@ -85,6 +85,9 @@ func TestCompressedTreeTiers(t *testing.T) {
 	t.Run("colliding", func(t *testing.T) {
 		radixtest.RunTiers(t, func() radix.TierIndex { return radix.NewCompressedTreeColliding() })
 	})
+	t.Run("cramped", func(t *testing.T) {
+		radixtest.RunTiers(t, func() radix.TierIndex { return radix.NewCompressedTreeCramped() })
+	})
 }
 
 // FuzzCompressedTreeTiers is FuzzTreeTiers for the compressed tree.
@@ -108,10 +111,19 @@ func TestCompressedTreeConformance(t *testing.T) {
 	t.Run("colliding", func(t *testing.T) {
 		radixtest.Run(t, func() radix.Index { return radix.NewCompressedTreeColliding() })
 	})
+	t.Run("cramped", func(t *testing.T) {
+		radixtest.Run(t, func() radix.Index { return radix.NewCompressedTreeCramped() })
+	})
 }
 
 func FuzzCompressedTree(f *testing.F) {
 	fuzzIndex(f, func() radix.Index { return radix.NewCompressedTree() })
+}
+
+// FuzzCompressedTreeCramped fuzzes the compressed tree's short runs and
+// the workers' own names (NewCompressedTreeCramped).
+func FuzzCompressedTreeCramped(f *testing.F) {
+	fuzzIndex(f, func() radix.Index { return radix.NewCompressedTreeCramped() })
 }
 
 // fuzzIndex decodes each input into a command stream and checks the index
