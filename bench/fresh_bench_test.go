@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvradix/kvradix/internal/rss"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 )
@@ -109,20 +110,5 @@ func TestFreshStoreChild(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	fmt.Printf("fresh-store ns/block=%g rss-MB=%g\n", float64(elapsed.Nanoseconds())/float64(blocks), peakRSSMB())
-}
-
-// peakRSSMB returns the process's peak resident set (VmHWM), in MB.
-func peakRSSMB() float64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for line := range strings.Lines(string(b)) {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
-			return kb / 1024
-		}
-	}
-	return 0
+	fmt.Printf("fresh-store ns/block=%g rss-MB=%g\n", float64(elapsed.Nanoseconds())/float64(blocks), float64(rss.Peak())/(1<<20))
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvradix/kvradix/ingest/vllm"
+	"github.com/kvradix/kvradix/internal/rss"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix/holdings"
 	"github.com/kvradix/kvradix/shardpool"
@@ -223,7 +224,7 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	}
 	res := c.result(run, pool, time.Since(start), decodeNs)
 	res.Command = commandLine("ingest", args)
-	res.PayloadMB, res.MemLimitMiB, res.PeakRSSMB = float64(encodedBytes(engs))/1e6, limit, float64(peakRSS())/1e6
+	res.PayloadMB, res.MemLimitMiB, res.PeakRSSMB = float64(encodedBytes(engs))/1e6, limit, float64(rss.Peak())/1e6
 	if err := c.out.write(stdout, res, func() { printIngest(stdout, res, batchBytes) }, func() { printIngestBench(stdout, res) }); err != nil {
 		return err
 	}

@@ -1,0 +1,27 @@
+// Package rss reads the process's resident set size.
+package rss
+
+import (
+	"os"
+	"strconv"
+	"strings"
+)
+
+// Peak returns the process's peak resident set (VmHWM) in bytes; 0 where
+// /proc/self/status does not say (not Linux).
+func Peak() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
+}
