@@ -208,12 +208,12 @@ func (t *CompressedTree) trim(r *crun, e uint32) {
 			t.chain.release(eng[off], pack(r, off))
 		}
 	}
-	if w := int(e+63) / 64; w < len(r.claimed) {
+	if w := int(e+63) / 64; w <= len(r.claimed) {
 		clear(r.claimed[w:])
 		r.claimed = r.claimed[:w]
-	}
-	if e%64 != 0 && len(r.claimed) > 0 {
-		r.claimed[len(r.claimed)-1] &= 1<<(e%64) - 1
+		if e%64 != 0 {
+			r.claimed[w-1] &= 1<<(e%64) - 1 // the word of position e, if the bitset reaches it
+		}
 	}
 	r.n.Store(e)
 	r.ver.Add(1)

@@ -121,3 +121,53 @@ func TestCompressedStripeLayout(t *testing.T) {
 		t.Fatalf("writer stripe %d bytes, root stripe %d, want 64 each", radix.WriterStripeSize, radix.PaddedMutexSize)
 	}
 }
+
+// A run whose later blocks could not claim their engine hashes (another
+// run had them) keeps a claim bitset shorter than the run; trimming it
+// past the bitset's end must leave the claims below the trim alone (it
+// once cleared them without releasing their table entries).
+func TestCompressedTrimPastClaims(t *testing.T) {
+	idx, model := radix.NewCompressedTree(), radixtest.NewModel()
+	w1, w2 := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2}
+	pairs := func(engine func(i int) uint64, tok uint64, n int) []uint64 {
+		out := make([]uint64, 0, 2*n)
+		for i := range n {
+			out = append(out, engine(i), tok+uint64(i))
+		}
+		return out
+	}
+	shared := func(i int) uint64 { return 1000 + uint64(i) }
+	own := func(i int) uint64 {
+		if i < 10 {
+			return 5000 + uint64(i) // new: claimed by w2's run
+		}
+		return shared(i) // w1's run has them: not claimed by w2's
+	}
+	var removed []uint64
+	for i := 70; i < 100; i++ {
+		removed = append(removed, own(i))
+	}
+	for _, ev := range []kvevent.RouterEvent{
+		radixtest.Stored(w1, -1, pairs(shared, 1, 100)...),
+		radixtest.Stored(w2, -1, pairs(own, 500, 100)...), // other tokens: a run of its own
+		radixtest.Removed(w2, removed...),                 // trims w2's run to 70
+	} {
+		if err := idx.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+		_ = model.Apply(ev)
+		if _, err := radix.CompressedInvariants(idx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q := make([]uint64, 100)
+	for i := range q {
+		q[i] = 500 + uint64(i)
+	}
+	radixtest.Check(t, idx, model, q)
+	idx.RemoveWorker(2)
+	idx.RemoveWorker(1)
+	if _, err := radix.CompressedInvariants(idx); err != nil || idx.Size() != 0 {
+		t.Fatalf("after every worker left: %v, size %d", err, idx.Size())
+	}
+}

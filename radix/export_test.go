@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
+	"strings"
 	"unsafe"
 
 	"github.com/kvradix/kvradix/kvevent"
@@ -297,7 +298,7 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 		return runs, err
 	}
 	if claimed, entries := claimedCount(t), chainEntries(t); claimed != entries {
-		return runs, fmt.Errorf("%d blocks claim their hash, the table has %d entries", claimed, entries)
+		return runs, fmt.Errorf("%d blocks claim their hash, the table has %d entries: %s", claimed, entries, strayEntries(t))
 	}
 	if pairs != members || pairs != t.Size() {
 		return runs, fmt.Errorf("%d hashes, %d memberships, size %d", pairs, members, t.Size())
@@ -337,6 +338,29 @@ func claimedCount(t *CompressedTree) int {
 		}
 	})
 	return n
+}
+
+// strayEntries describes the table's entries no block claims.
+func strayEntries(t *CompressedTree) string {
+	var out []string
+	seen := map[*chainSeg]bool{}
+	for _, s := range t.chain.dir.Load().segs {
+		if seen[s] {
+			continue
+		}
+		seen[s] = true
+		s.each(func(v uint64) {
+			loc := decode(v)
+			r, off := t.unpack(loc)
+			switch {
+			case r == nil:
+				out = append(out, fmt.Sprintf("%#x: no run", loc))
+			case !hasBit(r.claimed, off):
+				out = append(out, fmt.Sprintf("%#x: run %d (n %d, dead %v) does not claim %d", loc, r.id, r.n.Load(), r.dead, off))
+			}
+		})
+	}
+	return strings.Join(out, "; ")
 }
 
 func chainEntries(t *CompressedTree) int {
