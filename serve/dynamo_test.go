@@ -1,9 +1,11 @@
 package serve_test
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/kvradix/kvradix/hashing"
@@ -65,15 +67,30 @@ func TestDynamoShapes(t *testing.T) {
 	if code := post(t, ts.URL+"/query_by_hash", signed, &got); code != http.StatusOK || got.Scores["1"]["0"] != 2*bs {
 		t.Fatalf("signed hashes: %d %v", code, got.Scores)
 	}
-	for name, body := range map[string]string{
-		"routing_group and tenant_id differ": `{"model_name": "m", "routing_group": "g1", "tenant_id": "g2", "block_hashes": [1]}`,
-		"a hash past 2^64":                   `{"model_name": "m", "block_hashes": [18446744073709551616]}`,
-		"a hash below -2^63":                 `{"model_name": "m", "block_hashes": [-9223372036854775809]}`,
-		"a fraction":                         `{"model_name": "m", "block_hashes": [1.5]}`,
+	// Dynamo's statuses: 400 for what is not a request, 422 for JSON of
+	// the wrong shape (axum's JSON extractor), 404 for no such index.
+	for name, tc := range map[string]struct {
+		body string
+		code int
+		says string
+	}{
+		"routing_group and tenant_id differ": {`{"model_name": "m", "routing_group": "g1", "tenant_id": "g2", "block_hashes": [1]}`, 400, "routing_group"},
+		"a hash past 2^64":                   {`{"model_name": "m", "block_hashes": [18446744073709551616]}`, 422, "block_hashes[0]"},
+		"a hash below -2^63":                 {`{"model_name": "m", "block_hashes": [-9223372036854775809]}`, 422, "block_hashes[0]"},
+		"a fraction":                         {`{"model_name": "m", "block_hashes": [1.5]}`, 422, "block_hashes[0]"},
+		"no block_hashes":                    {`{"model_name": "m"}`, 422, "block_hashes: missing"},
+		"an empty list":                      {`{"model_name": "m", "routing_group": "g1", "block_hashes": []}`, 200, ""},
+		"no such routing group":              {`{"model_name": "m", "routing_group": "g9", "block_hashes": [1]}`, 404, "no indexer for model=m routing_group=g9"},
+		"not JSON":                           {`{"model_name": "m", "block_hashes": [1`, 400, "body"},
 	} {
-		if code := post(t, ts.URL+"/query_by_hash", []byte(body), nil); code != http.StatusBadRequest {
-			t.Errorf("%s: %d, want 400", name, code)
+		var e map[string]any
+		if code := post(t, ts.URL+"/query_by_hash", []byte(tc.body), &e); code != tc.code || tc.says != "" && !strings.Contains(fmt.Sprint(e["error"]), tc.says) {
+			t.Errorf("%s: %d %v, want %d saying %q", name, code, e["error"], tc.code, tc.says)
 		}
+	}
+	var e map[string]any
+	if code := post(t, ts.URL+"/query", []byte(`{"model_name": "m"}`), &e); code != 422 || e["error"] != "token_ids: missing" {
+		t.Errorf("a query without token_ids: %d %v, want 422", code, e["error"])
 	}
 }
 

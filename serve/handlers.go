@@ -207,14 +207,17 @@ func (h *Hashes) UnmarshalJSON(b []byte) error {
 		return nil
 	}
 	if len(b) < 2 || b[0] != '[' || b[len(b)-1] != ']' {
-		return errors.New("block_hashes: want an array of integers")
+		return shapeError{errors.New("block_hashes: want an array of integers")}
 	}
 	out := (*h)[:0]
+	if out == nil {
+		out = Hashes{} // present, even if empty
+	}
 	if inner := bytes.TrimSpace(b[1 : len(b)-1]); len(inner) > 0 {
 		for num := range bytes.SplitSeq(inner, []byte{','}) {
 			v, err := parseHash(string(bytes.TrimSpace(num)))
 			if err != nil {
-				return fmt.Errorf("block_hashes[%d]: %w", len(out), err)
+				return shapeError{fmt.Errorf("block_hashes[%d]: %w", len(out), err)}
 			}
 			out = append(out, v)
 		}
@@ -525,8 +528,11 @@ func resolvePartition(p partitioned) error {
 // not allocate.
 var bodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-// decode reads a JSON body of at most MaxBodyBytes into v, answering 400
-// (naming the field, where the decoder says which) if it cannot.
+// decode reads a JSON body of at most MaxBodyBytes into v, answering as
+// Dynamo's indexer does (axum's JSON extractor) if it cannot, naming the
+// field where the decoder says which: 413 for a body over the limit, 400
+// for one that is not JSON, 422 for JSON of the wrong shape (a value of
+// the wrong type, a required field missing).
 func (s *Service) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	buf := bodies.Get().(*bytes.Buffer)
 	defer func() {
@@ -542,26 +548,59 @@ func (s *Service) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	if err == nil {
 		err = json.Unmarshal(buf.Bytes(), v) // strings copied: the buffer is reused
 	}
+	if req, ok := v.(requirer); ok && err == nil {
+		if field := req.missing(); field != "" {
+			err = shapeError{fmt.Errorf("%s: missing", field)}
+		}
+	}
 	if p, ok := v.(partitioned); ok && err == nil {
 		err = resolvePartition(p)
 	}
 	if err == nil {
 		return true
 	}
+	code := http.StatusBadRequest
 	var tooBig *http.MaxBytesError
 	var typeErr *json.UnmarshalTypeError
+	var shape shapeError
 	switch {
 	case errors.As(err, &tooBig):
-		err = fmt.Errorf("body: larger than %d bytes", tooBig.Limit)
+		code, err = http.StatusRequestEntityTooLarge, fmt.Errorf("body: larger than %d bytes", tooBig.Limit)
+	case errors.As(err, &shape):
+		code, err = http.StatusUnprocessableEntity, shape.error
 	case errors.As(err, &typeErr):
-		err = fmt.Errorf("%s: want %v, got JSON %s", typeErr.Field, typeErr.Type, typeErr.Value)
+		code, err = http.StatusUnprocessableEntity, fmt.Errorf("%s: want %v, got JSON %s", typeErr.Field, typeErr.Type, typeErr.Value)
 	case errors.Is(err, io.EOF):
 		err = errors.New("body: empty")
 	default:
 		err = fmt.Errorf("body: %w", err)
 	}
-	fail(w, http.StatusBadRequest, err)
+	fail(w, code, err)
 	return false
+}
+
+// shapeError is JSON of the wrong shape that the decoder itself does not
+// see: a required field missing, a value a field's own decoder refuses.
+type shapeError struct{ error }
+
+// requirer is a body with fields that must be present (Dynamo's required
+// fields: a 422 without them).
+type requirer interface {
+	missing() string // the first required field absent, or ""
+}
+
+func (x *Query) missing() string {
+	if x.TokenIDs == nil {
+		return "token_ids"
+	}
+	return ""
+}
+
+func (x *HashQuery) missing() string {
+	if x.BlockHashes == nil {
+		return "block_hashes"
+	}
+	return ""
 }
 
 func status(err error) int {

@@ -489,11 +489,11 @@ func TestOpenDoorsAreShut(t *testing.T) {
 		{"complete without the token", "/requests/x/complete", js, "", nil, http.StatusUnauthorized},
 		{"first_token without the token", "/requests/x/first_token", js, "", nil, http.StatusUnauthorized},
 		{"complete with the token", "/requests/x/complete", js, "s3cret", nil, http.StatusNotFound},
-		{"a query stays open", "/query", js, "", nil, http.StatusNotFound}, // through: no such model
+		{"a query stays open", "/query", js, "", nil, http.StatusUnprocessableEntity}, // through: no token_ids
 		{"a text/plain register", "/register", "text/plain", "s3cret", nil, http.StatusUnsupportedMediaType},
 		{"a form query", "/query", "application/x-www-form-urlencoded", "", nil, http.StatusUnsupportedMediaType},
 		{"no content type", "/query", "", "", nil, http.StatusUnsupportedMediaType},
-		{"JSON with a charset", "/query", "application/json; charset=utf-8", "", nil, http.StatusNotFound},
+		{"JSON with a charset", "/query", "application/json; charset=utf-8", "", nil, http.StatusUnprocessableEntity},
 		{"a cross-site browser request", "/register", js, "s3cret", []string{"Sec-Fetch-Site", "cross-site"}, http.StatusForbidden},
 		{"a foreign origin", "/query", js, "", []string{"Origin", "http://evil.example"}, http.StatusForbidden},
 	} {

@@ -560,10 +560,20 @@ func (s *Service) lookup(model, tenant string) (*index, error) {
 	defer s.mu.Unlock()
 	idx := s.indexes[modelKey{model, tenant}]
 	if idx == nil {
-		return nil, fmt.Errorf("%w: %q (tenant %q)", ErrUnknownModel, model, tenant)
+		return nil, noIndexer{model, tenant}
 	}
 	return idx, nil
 }
+
+// noIndexer is lookup's error for a (model, routing group) with no index,
+// in Dynamo's words.
+type noIndexer struct{ model, group string }
+
+func (e noIndexer) Error() string {
+	return fmt.Sprintf("no indexer for model=%s routing_group=%s", e.model, e.group)
+}
+
+func (e noIndexer) Is(target error) bool { return target == ErrUnknownModel }
 
 // createIndex returns a new index of model k (regMu held): an empty one,
 // or on a bus one following the model's stream.

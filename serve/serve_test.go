@@ -175,12 +175,12 @@ func TestServiceEndToEnd(t *testing.T) {
 		{"no model", "/register", serve.Registration{InstanceID: 9, Endpoint: pub.Addr(), BlockSize: bs}, http.StatusBadRequest, "model_name"},
 		{"a rank past 2^30-1", "/register", []byte(`{"instance_id": 9, "endpoint": "tcp://x:1", "model_name": "m", "block_size": 16, "dp_rank": 4294967296}`), http.StatusBadRequest, "dp_rank"},
 		{"a block size past 2^16", "/register", []byte(`{"instance_id": 9, "endpoint": "tcp://x:1", "model_name": "m2", "block_size": 4294967312}`), http.StatusBadRequest, "block_size"},
-		{"a string id", "/register", []byte(`{"instance_id": "seven", "endpoint": "tcp://x:1", "model_name": "m", "block_size": 16}`), http.StatusBadRequest, "instance_id"},
+		{"a string id", "/register", []byte(`{"instance_id": "seven", "endpoint": "tcp://x:1", "model_name": "m", "block_size": 16}`), http.StatusUnprocessableEntity, "instance_id"},
 		{"not JSON", "/query", []byte(`{"token_ids": [1, 2`), http.StatusBadRequest, "body"},
-		{"a token over u32", "/query", []byte(`{"token_ids": [4294967296], "model_name": "m"}`), http.StatusBadRequest, "token_ids"},
-		{"too big", "/query", append(append([]byte(`{"model_name": "m", "token_ids": [`), bytes.Repeat([]byte("1,"), 5<<20)...), []byte("1]}")...), http.StatusBadRequest, "larger than"},
-		{"an unknown model", "/query", serve.Query{TokenIDs: prompt, ModelName: "other"}, http.StatusNotFound, "unknown model"},
-		{"an unknown tenant", "/query_by_hash", serve.HashQuery{BlockHashes: local, ModelName: "m", TenantID: "t2"}, http.StatusNotFound, "unknown model"},
+		{"a token over u32", "/query", []byte(`{"token_ids": [4294967296], "model_name": "m"}`), http.StatusUnprocessableEntity, "token_ids"},
+		{"too big", "/query", append(append([]byte(`{"model_name": "m", "token_ids": [`), bytes.Repeat([]byte("1,"), 5<<20)...), []byte("1]}")...), http.StatusRequestEntityTooLarge, "larger than"},
+		{"an unknown model", "/query", serve.Query{TokenIDs: prompt, ModelName: "other"}, http.StatusNotFound, "no indexer for model=other routing_group=default"},
+		{"an unknown tenant", "/query_by_hash", serve.HashQuery{BlockHashes: local, ModelName: "m", TenantID: "t2"}, http.StatusNotFound, "no indexer for model=m routing_group=t2"},
 		{"an unknown instance", "/unregister", serve.Unregistration{InstanceID: 99, ModelName: "m"}, http.StatusNotFound, "no instance"},
 	} {
 		var e map[string]string
