@@ -22,10 +22,14 @@
 //
 // Queries answer {"scores": {"<instance>": {"<rank>": matched tokens}},
 // "frequencies": [workers holding block i, ...], "tree_sizes": {"<instance>":
-// {"<rank>": blocks}}}. Errors are {"error": "..."}: 400 for a malformed
-// request (naming the field), 404 for an unknown model, 409 for a block
-// size other than the model's or an instance registered twice, 502 for an
-// endpoint that cannot be subscribed to.
+// {"<rank>": blocks}}}. Errors are {"error": "..."}, naming the field, with
+// Dynamo's statuses: 400 for a body that is not JSON or a value out of
+// range, 413 for a body over the limit, 415 without a JSON content type,
+// 422 for JSON of the wrong shape (a wrong type, a required field
+// missing), 404 for no index of the model and routing group ("no indexer
+// for model=M routing_group=G"); kvradix's own: 409 for a block size other
+// than the model's or an instance registered twice, 502 for an endpoint
+// that cannot be subscribed to.
 //
 // With Config.StateDir the registry and the indexes are saved (on Close and
 // every Config.SaveEvery) and recovered (Recover). On a NATS bus
