@@ -36,19 +36,27 @@ func main() {
 // run is the whole program: a function of its arguments and writers; stop
 // delivers SIGINT and SIGTERM, which shut the service down gracefully.
 func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err error) {
-	if len(args) == 0 || args[0] != "serve" {
-		fmt.Fprintln(stderr, "usage: kvradix serve [flags]   (kvradix serve -h lists them)")
+	const usage = "usage: kvradix serve [flags]   (kvradix serve -h lists them)"
+	switch {
+	case len(args) > 0 && helpAsked(args[:1]), len(args) > 0 && args[0] == "help":
+		fmt.Fprintln(stdout, usage)
+		return nil
+	case len(args) == 0 || args[0] != "serve":
+		fmt.Fprintln(stderr, usage)
 		return errors.New("want a command: serve")
 	}
 	fs := flag.NewFlagSet("kvradix serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	if helpAsked(args[1:]) {
+		fs.SetOutput(stdout) // asked for: not an error
+	}
 	listen := fs.String("listen", "127.0.0.1:8090", "address to serve HTTP on (loopback by default)")
 	workers := fs.String("workers", "", "engines to register at start: id=tcp://host:port,... (with -model-name and -block-size)")
 	model := fs.String("model-name", "", "model of the -workers engines")
 	blockSize := fs.Int("block-size", 16, "tokens per KV block of the -workers engines")
 	lanes := fs.Int("lanes", 2, "lanes of each model's index")
 	maxBody := fs.Int64("max-body", 8<<20, "the largest request body, in bytes")
-	token := fs.String("token", "", "bearer token /register and /unregister require (none: open)")
+	token := fs.String("token", "", "bearer token every endpoint that changes state requires: /register, /unregister, /route, /requests/{id}/first_token and /complete (none: open)")
 	ttl := fs.Duration("ttl", 10*time.Minute, "how long a routed request counts in its instance's load without being completed")
 	state := fs.String("state", "", "directory to save the registry and indexes in (on shutdown and every -save-every), and recover them from at start")
 	saveEvery := fs.Duration("save-every", time.Minute, "with -state, how often to save while serving (0: on shutdown only)")
@@ -59,7 +67,9 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	natsMaxBytes := fs.Int64("nats-max-bytes", 0, "with -nats, keep each model's stream to this many bytes at most (0: no bound)")
 	grace := fs.Duration("shutdown-grace", 10*time.Second, "on SIGTERM, how long requests in flight may take before their connections are cut")
 	tiers := fs.Bool("tiers", false, "keep every tier (host, disk, external): queries answer tier_scores, /route weighs blocks by tier (default: the device only)")
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := fs.Parse(args[1:]); errors.Is(err, flag.ErrHelp) {
+		return nil
+	} else if err != nil {
 		return err
 	}
 	for _, c := range []struct {
@@ -253,4 +263,18 @@ func (l *lossLog) log(loss vllm.Loss) {
 		delete(l.held, loss.Address)
 	}
 	fmt.Fprintf(l.w, "kvradix: %v%s\n", loss, more)
+}
+
+// helpAsked reports whether args ask for help (-h, -help, --help) before
+// any non-flag argument.
+func helpAsked(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "-h", "-help", "--h", "--help":
+			return true
+		case "--":
+			return false
+		}
+	}
+	return false
 }

@@ -205,6 +205,26 @@ func TestServeBadFlags(t *testing.T) {
 	}
 }
 
+// Help asked for is no error: it goes to stdout, and the command exits 0
+// (kvradix -h, kvradix help, kvradix serve -h).
+func TestHelp(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"-h"}, "usage: kvradix serve"},
+		{[]string{"--help"}, "usage: kvradix serve"},
+		{[]string{"help"}, "usage: kvradix serve"},
+		{[]string{"serve", "-h"}, "-listen"},
+		{[]string{"serve", "-lanes", "4", "--help"}, "-tiers"},
+	} {
+		var out, errs strings.Builder
+		if err := run(tc.args, &out, &errs, nil); err != nil || !strings.Contains(out.String(), tc.says) {
+			t.Errorf("%v: %v, stdout %q (stderr %q), want no error and %q", tc.args, err, out.String(), errs.String(), tc.says)
+		}
+	}
+}
+
 // No command links package testing (nor test helpers): the reference the
 // load generator and the service check indexes against lives in
 // radix/holdings, not in radixtest.
