@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -42,6 +43,32 @@ func TestDynamoShapes(t *testing.T) {
 	if code := post(t, ts.URL+"/register", []byte(`{"instance_id": 1, "endpoint": "`+pub.Addr()+`", "model_name": "m", "block_size": 16, "routing_group": "g1"}`), nil); code != http.StatusOK {
 		t.Fatalf("register with routing_group: %d", code)
 	}
+	// The same instance id in another model is another worker; /workers
+	// says which is which, and filters by model and routing group.
+	pub2, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub2.Close()
+	if code := post(t, ts.URL+"/register", []byte(`{"instance_id": 1, "endpoint": "`+pub2.Addr()+`", "model_name": "m2", "block_size": 32}`), nil); code != http.StatusOK {
+		t.Fatalf("register in model m2: %d", code)
+	}
+	for query, want := range map[string][]serve.Worker{
+		"": {
+			{InstanceID: 1, Endpoints: map[string]string{"0": pub.Addr()}, ModelName: "m", RoutingGroup: "g1", BlockSize: 16, Status: "active"},
+			{InstanceID: 1, Endpoints: map[string]string{"0": pub2.Addr()}, ModelName: "m2", RoutingGroup: "default", BlockSize: 32, Status: "active"},
+		},
+		"?model_name=m&routing_group=g1": {{InstanceID: 1, Endpoints: map[string]string{"0": pub.Addr()}, ModelName: "m", RoutingGroup: "g1", BlockSize: 16, Status: "active"}},
+		"?model_name=m2":                 {{InstanceID: 1, Endpoints: map[string]string{"0": pub2.Addr()}, ModelName: "m2", RoutingGroup: "default", BlockSize: 32, Status: "active"}},
+		"?routing_group=g2":              {},
+		"?model_name=nothing":            {},
+	} {
+		var got []serve.Worker
+		if code := get(t, ts.URL+"/workers"+query, &got); code != http.StatusOK || !reflect.DeepEqual(got, want) {
+			t.Errorf("/workers%s: %d %+v, want %+v", query, code, got, want)
+		}
+	}
+
 	prompt := tokens(2*bs, 40)
 	local := hashing.LocalHashes(nil, prompt, bs, hashing.Options{})
 	testwait.For(t, "the engine's blocks in group g1", func() bool {

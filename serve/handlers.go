@@ -40,7 +40,14 @@ func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /register", s.guarded(s.register))
 	mux.HandleFunc("POST /unregister", s.guarded(s.unregister))
-	mux.HandleFunc("GET /workers", func(w http.ResponseWriter, _ *http.Request) { reply(w, http.StatusOK, s.Workers()) })
+	mux.HandleFunc("GET /workers", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		group := q.Get("routing_group")
+		if group == "" {
+			group = q.Get("tenant_id")
+		}
+		reply(w, http.StatusOK, s.Workers(q.Get("model_name"), group))
+	})
 	mux.HandleFunc("POST /route", s.guarded(s.route))
 	mux.HandleFunc("POST /requests/{id}/first_token", s.guarded(s.release(false)))
 	mux.HandleFunc("POST /requests/{id}/complete", s.guarded(s.release(true)))

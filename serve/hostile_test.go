@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -84,8 +85,13 @@ func TestDeadEnginesDelayNobody(t *testing.T) {
 	if took := time.Since(start); took > 20*time.Second {
 		t.Fatalf("a good registration took %v behind three dead ones", took)
 	}
-	if ws := svc.Workers(); len(ws) != 1 || ws[0].InstanceID != 1 {
-		t.Fatalf("workers: %+v", ws)
+	// The good engine is served; the dead ones show as pending.
+	status := map[uint64]string{}
+	for _, w := range svc.Workers("", "") {
+		status[w.InstanceID] = w.Status
+	}
+	if want := map[uint64]string{1: "active", 100: "pending", 101: "pending", 102: "pending"}; !maps.Equal(status, want) {
+		t.Fatalf("workers: %v, want %v", status, want)
 	}
 
 	start = time.Now()

@@ -529,29 +529,62 @@ func (s *Service) Ready() (bool, string) {
 	return true, ""
 }
 
-// Worker is one instance in GET /workers.
+// Worker is one registered instance of a model and routing group, as
+// GET /workers lists it: its endpoints by data-parallel rank, and whether
+// it is served (status "active") or its first dial is still in progress
+// ("pending", no endpoints yet).
 type Worker struct {
-	InstanceID uint64            `json:"instance_id"`
-	Endpoints  map[string]string `json:"endpoints"` // by data-parallel rank
+	InstanceID   uint64            `json:"instance_id"`
+	Endpoints    map[string]string `json:"endpoints"` // by data-parallel rank
+	ModelName    string            `json:"model_name"`
+	RoutingGroup string            `json:"routing_group"`
+	BlockSize    int               `json:"block_size"`
+	Status       string            `json:"status"`
 }
 
-// Workers lists the registered instances, by id.
-func (s *Service) Workers() []Worker {
+// Workers lists the instances registered or being registered, by model,
+// routing group and id; a non-empty model or group keeps only theirs.
+func (s *Service) Workers(model, group string) []Worker {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	byID := map[uint64]map[string]string{}
-	for key, inst := range s.instances {
-		id := uint64(key.instance)
-		if byID[id] == nil {
-			byID[id] = map[string]string{}
+	type key struct {
+		modelKey
+		instance kvevent.WorkerID
+	}
+	byKey := map[key]*Worker{}
+	add := func(ik instanceKey, status string) *Worker {
+		if model != "" && ik.model != model || group != "" && ik.tenant != group {
+			return nil
 		}
-		byID[id][fmt.Sprint(key.rank)] = inst.reg.Endpoint
+		k := key{ik.modelKey, ik.instance}
+		w := byKey[k]
+		if w == nil {
+			w = &Worker{InstanceID: uint64(ik.instance), Endpoints: map[string]string{}, ModelName: ik.model, RoutingGroup: ik.tenant, Status: status}
+			if idx := s.indexes[ik.modelKey]; idx != nil {
+				w.BlockSize = idx.blockSize
+			}
+			byKey[k] = w
+		}
+		return w
 	}
-	out := make([]Worker, 0, len(byID))
-	for id, eps := range byID {
-		out = append(out, Worker{InstanceID: id, Endpoints: eps})
+	for ik := range s.pending {
+		add(ik, "pending")
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].InstanceID < out[j].InstanceID })
+	for ik, inst := range s.instances {
+		if w := add(ik, "active"); w != nil {
+			w.Status = "active" // a rank served: the instance is, whatever others are still dialled
+			w.Endpoints[fmt.Sprint(ik.rank)] = inst.reg.Endpoint
+		}
+	}
+	out := make([]Worker, 0, len(byKey))
+	for _, w := range byKey {
+		out = append(out, *w)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		return a.ModelName < b.ModelName || a.ModelName == b.ModelName &&
+			(a.RoutingGroup < b.RoutingGroup || a.RoutingGroup == b.RoutingGroup && a.InstanceID < b.InstanceID)
+	})
 	return out
 }
 
