@@ -91,7 +91,6 @@ func TestFreshStoreChild(t *testing.T) {
 			}
 		}
 	}
-	reqs = nil
 	runtime.GC()
 	idx := radix.NewCompressedTree()
 	start := time.Now()

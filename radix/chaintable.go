@@ -17,8 +17,8 @@ import (
 //
 // # Layout
 //
-// Extendible hashing over segments of segSlots 8-byte slots with linear
-// probing: a directory indexed by the top bits of the hash's fingerprint
+// Extendible hashing over segments of 3,584 or 4,096 8-byte slots with
+// linear probing: a directory indexed by the top bits of the hash's fingerprint
 // points at segments, and a full segment splits in two (or, mostly
 // tombstones, is rebuilt) without touching the others. So the table never
 // rehashes as a whole, never faults in more than one segment's pages at a
@@ -67,12 +67,12 @@ type chainDir struct {
 }
 
 // chainSeg is one segment: 8-byte slots, 0 empty, chainTomb deleted,
-// read and swapped atomically once published. Its length grows through
-// segLens, and a full-size segment splits into two of the smallest: the
-// table's load swings between 0.5 and 7/8 (halving segments would swing
-// from 0.44 and leave the trace's 5.7M blocks at 0.67 where this leaves
-// them at 0.77), for two copies of each entry, in cache, before it
-// splits. The slots are an allocation of their own, of 28 or 32 KiB (size
+// read and swapped atomically once published. A segment of segSmall
+// slots grows to segSlots, and a full-size one splits into two small
+// ones: the table's load swings between 0.5 and 7/8 (halving segments
+// would swing from 0.44 and leave the trace's 5.7M blocks at 0.67 where
+// this leaves them at 0.77), for two copies of each entry, in cache,
+// before it splits. The slots are an allocation of their own, of 28 or 32 KiB (size
 // classes of Go's allocator: with the header they would take a span a page
 // larger), and the header fills a cache line (its count is written by
 // every insert).
@@ -87,19 +87,6 @@ type chainSeg struct {
 
 func newSeg(depth uint8, slots int) *chainSeg {
 	return &chainSeg{slots: make([]uint64, slots), depth: depth}
-}
-
-// segLens are the lengths a segment grows through.
-var segLens = [...]int{segSmall, segSlots}
-
-// grown returns the length after n, or 0 if n is full size.
-func grown(n int) int {
-	for i, l := range segLens[:len(segLens)-1] {
-		if l == n {
-			return segLens[i+1]
-		}
-	}
-	return 0
 }
 
 // home returns fingerprint fp's first slot in s: its low 12 bits scaled
@@ -282,7 +269,8 @@ func entries(count int64) int { return int(count >> 32) }
 
 // grow makes room in s, unless another writer is doing so: it rebuilds
 // s without its tombstones if they are most of what it holds, else grows
-// it to the next length, or splits a full-size one in two small ones. False if s can do none of these (full of entries at the deepest
+// a small segment to full size, or splits a full-size one in two small
+// ones. False if s can do none of these (full of entries at the deepest
 // directory).
 func (c *chainTable) grow(s *chainSeg) bool {
 	live := entries(s.count.Load())
@@ -293,10 +281,8 @@ func (c *chainTable) grow(s *chainSeg) bool {
 	switch {
 	case live < s.maxUsed()/2:
 		c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, len(s.slots), s)})
-	case grown(len(s.slots)) > 0:
-		c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, grown(len(s.slots)), s)})
-	case deepest:
-		c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, len(s.slots), s)})
+	case len(s.slots) < segSlots || deepest:
+		c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, segSlots, s)})
 	default:
 		a, b := newSeg(s.depth+1, segSmall), newSeg(s.depth+1, segSmall)
 		s.each(func(v uint64) {

@@ -256,10 +256,7 @@ type holder struct {
 	bits []uint64
 }
 
-func (h *holder) has(off uint32) bool {
-	i := int(off / 64)
-	return i < len(h.bits) && h.bits[i]&(1<<(off%64)) != 0
-}
+func (h *holder) has(off uint32) bool { return hasBit(h.bits, off) }
 
 // xworker is one cache owner (a worker id and rank). Its maps are touched
 // only by the goroutine applying its events.

@@ -48,7 +48,7 @@ func (t *CompressedTree) forget(xw *xworker) {
 	left := 0
 	for r := range xw.runs {
 		r.mu.Lock()
-		left += r.drop(xw)
+		left += r.dropHolder(xw)
 		t.settle(r)
 	}
 	t.addSize(xw, -left)
@@ -59,9 +59,9 @@ func (t *CompressedTree) forget(xw *xworker) {
 	t.slotMu.Unlock()
 }
 
-// drop removes xw from the holders of r (locked), returning how many
+// dropHolder removes xw from the holders of r (locked), returning how many
 // blocks it held there.
-func (r *crun) drop(xw *xworker) int {
+func (r *crun) dropHolder(xw *xworker) int {
 	hs := r.holderArray()
 	i, found := holderOf(hs, xw)
 	if !found {

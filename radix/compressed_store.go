@@ -15,7 +15,7 @@ type storeScratch struct {
 	locs  []uint64  // each block's location
 	fresh []bool    // whether the walk made the worker hold the block
 	old   []oldName // names the event moved to other blocks
-	sink  uint64    // where the table's peeks go (see walker.push)
+	sink  uint64    // where the table's peeks go (see walker.claim)
 }
 
 // oldName is a block a worker named by a hash the event moves elsewhere.

@@ -408,9 +408,9 @@ func TestRoutesLeaveWithTheirInstance(t *testing.T) {
 	}
 }
 
-// Request ids are kept exactly: a canonical UUID, its upper-case spelling
-// and any other string are three requests, each released by its own id
-// only; an instance registering while they are in flight leaves their
+// Request ids are kept exactly: a canonical UUID, its upper-case and
+// braced spellings and any other string are four requests, each released
+// by its own id only; an instance registering while they are in flight leaves their
 // load where it was.
 func TestRouteIDsAndAJoiningInstance(t *testing.T) {
 	svc := serve.New(serve.Config{RequestTTL: time.Hour})
