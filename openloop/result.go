@@ -1,6 +1,10 @@
 package openloop
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"os"
 	"slices"
 	"time"
 )
@@ -47,26 +51,44 @@ type Result struct {
 	ActualIssueBlockOpsPerSec   float64 `json:"actual_issue_block_ops_per_sec"`
 	AchievedBlockOpsPerSec      float64 `json:"achieved_block_ops_per_sec"`
 
-	ReadIssueLag               Distribution `json:"read_issue_lag"`
-	UpdateIssueLag             Distribution `json:"update_issue_lag"`
-	GeneratorGate              string       `json:"generator_gate"`
-	QueryQueueWait             Distribution `json:"query_queue_wait"`
-	QueryService               Distribution `json:"query_service"`
-	QueryScheduledToFinished   Distribution `json:"query_scheduled_to_finished"`
-	UpdateAcceptedToFinished   Distribution `json:"update_accepted_to_finished"`
-	UpdateScheduledToFinished  Distribution `json:"update_scheduled_to_finished"`
-	QueueDepthAtStop           []int        `json:"queue_depth_at_stop"`
-	OutstandingUpdatesAtStop   int          `json:"outstanding_updates_at_stop"`
-	IssuerCPUNs                int64        `json:"issuer_cpu_ns"`
-	IssueSpanNs                int64        `json:"issue_span_ns"`
-	DrainNs                    int64        `json:"drain_ns"`
-	GeneratorValid             bool         `json:"generator_valid"`
-	KeptUp                     bool         `json:"kept_up"`
-	FailureReasons             []string     `json:"failure_reasons"`
-	Provenance                 *Provenance  `json:"provenance"`
-	LaneCPUNs                  int64        `json:"lane_cpu_ns"`
-	AchievedBlockOpsPerLaneCPU float64      `json:"achieved_block_ops_per_lane_cpu_sec"`
-	IssuerCPUFraction          float64      `json:"issuer_cpu_fraction"`
+	ReadIssueLag              Distribution `json:"read_issue_lag"`
+	UpdateIssueLag            Distribution `json:"update_issue_lag"`
+	GeneratorGate             string       `json:"generator_gate"`
+	QueryQueueWait            Distribution `json:"query_queue_wait"`
+	QueryService              Distribution `json:"query_service"`
+	QueryScheduledToFinished  Distribution `json:"query_scheduled_to_finished"`
+	UpdateAcceptedToFinished  Distribution `json:"update_accepted_to_finished"`
+	UpdateScheduledToFinished Distribution `json:"update_scheduled_to_finished"`
+	QueueDepthAtStop          []int        `json:"queue_depth_at_stop"`
+	OutstandingUpdatesAtStop  int          `json:"outstanding_updates_at_stop"`
+	IssuerCPUNs               int64        `json:"issuer_cpu_ns"`
+	IssueSpanNs               int64        `json:"issue_span_ns"`
+	DrainNs                   int64        `json:"drain_ns"`
+	GeneratorValid            bool         `json:"generator_valid"`
+	KeptUp                    bool         `json:"kept_up"`
+	FailureReasons            []string     `json:"failure_reasons"`
+	Provenance                *Provenance  `json:"provenance"`
+
+	// kvradix's keys. LaneCPUNs is the CPU the index used during the run:
+	// the process's, less the issuers' and feeders' (their threads' CPU
+	// clocks), so the lanes, the lookups and the collector working for
+	// them; AchievedBlockOpsPerLaneCPU, the block operations over it, is
+	// what the field calls block-ops/s per lane core. IssuerCPUFraction is
+	// the harness's CPU over the elapsed time × GOMAXPROCS: the share of
+	// the machine it took from the index.
+	LaneCPUNs                  int64   `json:"lane_cpu_ns"`
+	AchievedBlockOpsPerLaneCPU float64 `json:"achieved_block_ops_per_lane_cpu_sec"`
+	IssuerCPUFraction          float64 `json:"issuer_cpu_fraction"`
+	Index                      string  `json:"index"` // single, pool or compressed
+	Lanes                      int     `json:"lanes"`
+	ElapsedNs                  int64   `json:"elapsed_ns"` // first deadline to the last completion, drain included
+	Pairs                      int     `json:"pairs"`      // (worker, block) pairs held at the end
+	BytesPerPair               float64 `json:"bytes_per_pair"`
+	RejectedEvents             uint64  `json:"rejected_events"`
+	EventsQueuedFraction       float64 `json:"events_queued_fraction"` // of all events, those queued when the issuers stopped
+	Interrupted                bool    `json:"interrupted,omitempty"`
+	// Sweep, on the result a sweep chose, is every window it tried.
+	Sweep []SweepPoint `json:"sweep,omitempty"`
 }
 
 // SetTotals fills the totals and the offered rates over window.
@@ -123,4 +145,38 @@ type Provenance struct {
 	JumpSize                         *int     `json:"jump_size"`
 	IssuerSpinUs                     int      `json:"issuer_spin_us"`
 	IssueLagDiagnosticThresholdUs    int      `json:"issue_lag_diagnostic_threshold_us"`
+}
+
+// NewProvenance is what produced this process's results: its arguments
+// and binary (with its SHA-256), the corpus's parameters, and a corpus
+// file's path and digest when one was replayed (corpusFile; "" for a
+// corpus built in the process).
+func NewProvenance(cfg BuildConfig, corpusFile string) *Provenance {
+	p := &Provenance{Argv: os.Args, TracePath: cfg.Trace, TraceBlockSize: uint32(cfg.TraceBlockSize),
+		NumGPUBlocks: cfg.Blocks, NumUniqueInferenceWorkers: cfg.Workers, InferenceWorkerDuplicationFactor: 1,
+		TraceLengthFactor: cfg.LengthFactor, TraceDuplicationFactor: cfg.Dup, Seed: cfg.Seed}
+	if exe, err := os.Executable(); err == nil {
+		p.Binary, p.BinarySHA256 = exe, fileDigest(exe)
+	}
+	if corpusFile != "" {
+		p.TracePath = corpusFile
+		if d := fileDigest(corpusFile); d != "" {
+			p.TraceSHA256 = &d
+		}
+	}
+	return p
+}
+
+// fileDigest is the hex SHA-256 of the file at path ("" if unread).
+func fileDigest(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return ""
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }

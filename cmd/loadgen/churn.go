@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/openloop"
 	"github.com/kvradix/kvradix/shardpool"
 )
 
@@ -37,8 +38,8 @@ type churnResult struct {
 // (RemoveWorker) at each tenth of the ops and rejoin with their next
 // events; at the end of a pass every worker leaves. The live heap after
 // each pass must stay flat: what departed workers held comes back.
-func churnSoak(c *corpus, im shardpool.Impl, window time.Duration, stopped *interrupt, progress io.Writer) churnResult {
-	blockSize, workers := c.cfg.BlockSize, c.workers
+func churnSoak(c *openloop.Corpus, im shardpool.Impl, window time.Duration, stopped *interrupt, progress io.Writer) churnResult {
+	blockSize, workers := int(c.BlockSize), int(c.LogicalWorkers)
 	idx := im.New(blockSize)
 	defer idx.Close()
 	res := churnResult{Impl: im.Name, Lanes: im.Lanes}
@@ -53,19 +54,19 @@ func churnSoak(c *corpus, im shardpool.Impl, window time.Duration, stopped *inte
 		}
 		p := churnPass{Pass: pass}
 		before := idx.Stats().Rejected()
-		tenth := max(1, len(c.ops)/10)
-		for i := range c.ops {
-			op := &c.ops[i]
+		tenth := max(1, len(c.Ops)/10)
+		for i := range c.Ops {
+			op := &c.Ops[i]
 			if i%tenth == tenth-1 {
 				for range workers / 10 {
 					_ = idx.RemoveWorker(kvevent.WorkerID(rng.IntN(workers)))
 					p.Left++
 				}
 			}
-			if op.isQuery() {
-				_, _ = idx.FindMatches(op.query)
+			if op.IsQuery() {
+				_, _ = idx.FindMatches(op.Query)
 			} else {
-				_ = idx.ApplyEvent(kvevent.RouterEvent{WorkerID: op.worker, Event: op.ev})
+				_ = idx.ApplyEvent(kvevent.RouterEvent{WorkerID: op.Worker, Event: op.Event})
 			}
 			p.Ops++
 			if stopped.Load() {

@@ -20,39 +20,32 @@ import (
 
 var indexerSmall = []string{"-synth", "-synth-requests", "200", "-synth-rate", "100", "-workers", "50", "-blocks", "1024", "-quiet"}
 
-func TestIndexerJSON(t *testing.T) {
-	out, _, err := runArgs(t, append([]string{"indexer", "-json", "-duration", "300ms", "-lanes", "1,2"}, indexerSmall...)...)
+// indexerLines runs loadgen indexer with -json and reads its lines.
+func indexerLines(t *testing.T, args ...string) []*openloop.Result {
+	t.Helper()
+	out, _, err := runArgs(t, append([]string{"indexer", "-json"}, args...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep struct {
-		Results []map[string]any `json:"results"`
-	}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+	rs, err := readResults(strings.NewReader(out))
+	if err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	if len(rep.Results) != 5 {
-		t.Fatalf("%d results, want single + two pools + two compressed pools", len(rep.Results))
+	return rs
+}
+
+// -json writes a line per run, Dynamo's result JSON with kvradix's keys.
+func TestIndexerJSON(t *testing.T) {
+	rs := indexerLines(t, append([]string{"-duration", "300ms", "-lanes", "1,2"}, indexerSmall...)...)
+	if len(rs) != 5 {
+		t.Fatalf("%d results, want single + two pools + two compressed pools", len(rs))
 	}
-	for _, k := range []string{"impl", "lanes", "offered_ops_s", "achieved_ops_s", "achieved_block_ops_s", "find_matches_us", "events_queued_frac", "bytes_per_pair", "saturated",
-		"generator_valid", "kept_up", "logical_ops", "block_ops", "query_service_us", "query_wait_us", "update_latency_us", "issue_lag_us", "drain_ms", "issuer_cpu_fraction"} {
-		if _, ok := rep.Results[0][k]; !ok {
-			t.Errorf("result lacks %q", k)
-		}
+	if rs[0].Index != "single" || rs[2].Index != "pool" || rs[2].Lanes != 2 || rs[4].Index != "compressed" || rs[4].Lanes != 2 || rs[4].Backend != "kvradix-compressed" {
+		t.Fatalf("%+v", rs)
 	}
-	if rep.Results[2]["impl"] != "pool" || rep.Results[2]["lanes"] != 2.0 || rep.Results[0]["impl"] != "single" ||
-		rep.Results[4]["impl"] != "compressed" || rep.Results[4]["lanes"] != 2.0 {
-		t.Fatalf("%v", rep.Results)
-	}
-	lat := rep.Results[1]["find_matches_us"].(map[string]any)
-	for _, k := range []string{"p50", "p99", "p999"} {
-		if _, ok := lat[k]; !ok {
-			t.Errorf("latencies lack %q", k)
-		}
-	}
-	for _, r := range rep.Results {
-		if r["rejected_events"].(float64) != 0 || r["pairs"].(float64) <= 0 {
-			t.Errorf("%v", r)
+	for _, r := range rs {
+		if r.RejectedEvents != 0 || r.Pairs <= 0 || r.BytesPerPair <= 0 || r.Provenance == nil || r.TotalBlockOps == 0 || r.QueryService.P50 == 0 {
+			t.Errorf("%+v", r)
 		}
 	}
 }
@@ -132,24 +125,10 @@ func TestIndexerBadFlags(t *testing.T) {
 }
 
 func TestIndexerDup(t *testing.T) {
-	one, _, err := runArgs(t, append([]string{"indexer", "-json", "-duration", "200ms", "-compare", "pool"}, indexerSmall...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	two, _, err := runArgs(t, append([]string{"indexer", "-json", "-duration", "200ms", "-compare", "pool", "-dup", "2"}, indexerSmall...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var a, b struct {
-		Results []struct {
-			Ops   int `json:"ops"`
-			Pairs int `json:"pairs"`
-		} `json:"results"`
-	}
-	json.Unmarshal([]byte(one), &a)
-	json.Unmarshal([]byte(two), &b)
-	if b.Results[0].Ops != 2*a.Results[0].Ops || b.Results[0].Pairs != 2*a.Results[0].Pairs {
-		t.Fatalf("dup 2: %+v vs %+v (want disjoint copies: twice the ops and pairs)", b, a)
+	a := indexerLines(t, append([]string{"-duration", "200ms", "-compare", "pool"}, indexerSmall...)...)
+	b := indexerLines(t, append([]string{"-duration", "200ms", "-compare", "pool", "-dup", "2"}, indexerSmall...)...)
+	if b[0].TotalLogicalOps != 2*a[0].TotalLogicalOps || b[0].Pairs != 2*a[0].Pairs || b[0].Provenance.TraceDuplicationFactor != 2 {
+		t.Fatalf("dup 2: %+v vs %+v (want disjoint copies: twice the ops and pairs)", b[0], a[0])
 	}
 }
 
@@ -301,26 +280,14 @@ func TestCorpusFile(t *testing.T) {
 	if len(da) == 0 || !bytes.Equal(da, db) {
 		t.Fatalf("two corpora of the same flags differ (%d and %d bytes)", len(da), len(db))
 	}
-	built, _, err := runArgs(t, append([]string{"indexer", "-json", "-duration", "300ms", "-compare", "compressed"}, indexerSmall...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	replayed, _, err := runArgs(t, "indexer", "-json", "-duration", "300ms", "-compare", "compressed", "-corpus", a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	counts := func(out string) [3]float64 {
-		var rep struct {
-			Requests, Events float64
-			BlockOps         float64 `json:"block_ops"`
-		}
-		if err := json.Unmarshal([]byte(out), &rep); err != nil {
-			t.Fatalf("%v: %s", err, out)
-		}
-		return [3]float64{rep.Requests, rep.Events, rep.BlockOps}
-	}
-	if cb, cr := counts(built), counts(replayed); cb != cr || cb[0] == 0 {
+	built := indexerLines(t, append([]string{"-duration", "300ms", "-compare", "compressed"}, indexerSmall...)...)
+	replayed := indexerLines(t, "-duration", "300ms", "-compare", "compressed", "-corpus", a)
+	counts := func(r *openloop.Result) [3]uint64 { return [3]uint64{r.TotalRequests, r.TotalEvents, r.TotalBlockOps} }
+	if cb, cr := counts(built[0]), counts(replayed[0]); cb != cr || cb[0] == 0 {
 		t.Fatalf("built %v, replayed from the file %v", cb, cr)
+	}
+	if p := replayed[0].Provenance; p.TracePath != a || p.TraceSHA256 == nil || len(*p.TraceSHA256) != 64 {
+		t.Fatalf("provenance %+v", p)
 	}
 	da[9] ^= 0xFF // the version
 	bad := filepath.Join(dir, "bad.smg")
@@ -361,9 +328,9 @@ func TestHoles(t *testing.T) {
 	}
 }
 
-// -format v4 writes each run as a line of Dynamo's result JSON (schema
-// 4): its names, durations in ns, the totals adding up, the provenance,
-// and kvradix's own keys.
+// -json writes each run as a line of Dynamo's result JSON (schema 4): its
+// names, durations in ns, the totals adding up, the provenance, and
+// kvradix's own keys; -format v4 is its synonym.
 func TestIndexerV4(t *testing.T) {
 	out, _, err := runArgs(t, append([]string{"indexer", "-format", "v4", "-duration", "300ms", "-compare", "single,compressed"}, indexerSmall...)...)
 	if err != nil {
@@ -383,7 +350,8 @@ func TestIndexerV4(t *testing.T) {
 			"total_stored_blocks", "total_removed_blocks", "total_logical_ops", "total_block_ops", "offered_logical_ops_per_sec",
 			"achieved_block_ops_per_sec", "read_issue_lag", "update_issue_lag", "query_service", "update_accepted_to_finished",
 			"issuer_cpu_ns", "issue_span_ns", "drain_ns", "generator_valid", "kept_up", "failure_reasons", "provenance",
-			"lane_cpu_ns", "achieved_block_ops_per_lane_cpu_sec", "issuer_cpu_fraction"} {
+			"lane_cpu_ns", "achieved_block_ops_per_lane_cpu_sec", "issuer_cpu_fraction", "index", "lanes", "elapsed_ns", "pairs", "bytes_per_pair",
+			"rejected_events", "events_queued_fraction", "outstanding_updates_at_stop", "queue_depth_at_stop", "generator_gate"} {
 			if _, ok := r[k]; !ok {
 				t.Errorf("no %q", k)
 			}
@@ -415,18 +383,8 @@ func TestForeignCorpus(t *testing.T) {
 	if err := oc.WriteFile(path); err != nil {
 		t.Fatal(err)
 	}
-	out, _, err := runArgs(t, "indexer", "-json", "-compare", "compressed", "-corpus", path, "-quiet")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep struct {
-		Results []struct {
-			Events   int  `json:"events"`
-			Rejected int  `json:"rejected_events"`
-			KeptUp   bool `json:"kept_up"`
-		}
-	}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Results) != 1 || rep.Results[0].Events != 20 || rep.Results[0].Rejected != 0 {
-		t.Fatalf("%v: %s", err, out)
+	rs := indexerLines(t, "-compare", "compressed", "-corpus", path, "-quiet")
+	if len(rs) != 1 || rs[0].TotalEvents != 20 || rs[0].RejectedEvents != 0 || !rs[0].GeneratorValid {
+		t.Fatalf("%+v", rs)
 	}
 }

@@ -135,7 +135,8 @@ func watch(stop <-chan os.Signal) (*interrupt, func()) {
 }
 
 // output is every command's -format (table, json or bench) and -json, its
-// alias for -format json.
+// alias for -format json. The indexer's json is Dynamo's result JSON, a
+// line per run (v4, its old name, is a synonym).
 type output struct{ format string }
 
 func (o *output) register(fs *flag.FlagSet) {
@@ -154,13 +155,32 @@ func (o *output) validate() error {
 	case "table", "json", "bench", "v4":
 		return nil
 	}
-	return fmt.Errorf("-format %q, want table, json, bench or v4 (indexer: Dynamo's result JSON, a line per run)", o.format)
+	return fmt.Errorf("-format %q, want table, json, bench or v4 (v4: json's synonym)", o.format)
+}
+
+// writeLines prints each of vs as a line of JSON (json or its synonym
+// v4), or calls the table or bench printer.
+func writeLines[T any](o output, w io.Writer, vs []T, table, bench func()) error {
+	switch o.format {
+	case "json", "v4":
+		enc := json.NewEncoder(w)
+		for _, v := range vs {
+			if err := enc.Encode(v); err != nil {
+				return err
+			}
+		}
+	case "bench":
+		bench()
+	default:
+		table()
+	}
+	return nil
 }
 
 // write prints v as JSON, or calls the table or bench printer.
 func (o *output) write(w io.Writer, v any, table, bench func()) error {
 	switch o.format {
-	case "json":
+	case "json", "v4":
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)

@@ -1,16 +1,13 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
 	"slices"
 	"text/tabwriter"
 
 	"github.com/kvradix/kvradix/internal/stats"
+	"github.com/kvradix/kvradix/openloop"
 	"github.com/kvradix/kvradix/shardpool"
 )
 
@@ -42,42 +39,29 @@ type repeatSummary struct {
 }
 
 type repeatReport struct {
-	Command string          `json:"command"`
-	Repeat  int             `json:"repeat"`
-	Summary []repeatSummary `json:"summary"`
-	Runs    []indexerReport `json:"runs"`
+	Command string               `json:"command"`
+	Repeat  int                  `json:"repeat"`
+	Summary []repeatSummary      `json:"summary"`
+	Runs    [][]*openloop.Result `json:"runs"` // per process, its results
 }
 
 // runRepeated runs `loadgen indexer args` in n fresh processes, one after
 // the other, and reports each indexer's median and spread.
 func runRepeated(args []string, n int, out output, stdout, stderr io.Writer, intr *interrupt) error {
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := intr.context()
-	defer cancel()
 	rep := repeatReport{Command: commandLine("indexer", args), Repeat: n}
 	for k := range n {
-		cmd := exec.CommandContext(ctx, exe, append(append([]string{"indexer"}, args...), "-repeat", "1", "-format", "json", "-quiet")...)
-		cmd.Env = append(os.Environ(), childEnv+"=1")
-		var buf bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &buf, stderr
-		if err := cmd.Run(); err != nil {
+		rs, err := runChild(args, stderr, intr)
+		if err != nil {
 			if intr.Load() {
 				break
 			}
 			return fmt.Errorf("run %d of %d: %w", k+1, n, err)
 		}
-		var r indexerReport
-		if err := json.Unmarshal(buf.Bytes(), &r); err != nil {
-			return fmt.Errorf("run %d of %d: %w", k+1, n, err)
-		}
-		rep.Runs = append(rep.Runs, r)
+		rep.Runs = append(rep.Runs, rs)
 		fmt.Fprintf(stderr, "run %d of %d done\n", k+1, n)
 	}
 	rep.Summary = summarise(rep.Runs)
-	err = out.write(stdout, rep, func() { printRepeated(stdout, rep) }, func() {
+	err := out.write(stdout, rep, func() { printRepeated(stdout, rep) }, func() {
 		for _, r := range rep.Runs {
 			printIndexerBench(stdout, r)
 		}
@@ -89,41 +73,35 @@ func runRepeated(args []string, n int, out output, stdout, stderr io.Writer, int
 }
 
 // summarise groups the runs' results by indexer, in first-run order.
-func summarise(runs []indexerReport) []repeatSummary {
+func summarise(runs [][]*openloop.Result) []repeatSummary {
 	if len(runs) == 0 {
 		return nil
 	}
 	var out []repeatSummary
-	{
-		for j, first := range runs[0].Results {
-			s := repeatSummary{Impl: first.Impl, Lanes: first.Lanes}
-			var ops, p50, p99 []float64
-			for _, run := range runs {
-				if j >= len(run.Results) {
-					continue
-				}
-				r := run.Results[j]
-				s.Runs++
-				if r.KeptUp {
-					s.KeptUp++
-				}
-				if r.GeneratorValid {
-					s.GeneratorValid++
-				}
-				ops, p50, p99 = append(ops, r.AchievedBlockOpS), append(p50, r.QueryServiceUs.P50), append(p99, r.QueryServiceUs.P99)
+	for j, first := range runs[0] {
+		s := repeatSummary{Impl: first.Index, Lanes: first.Lanes}
+		var ops, p50, p99 []float64
+		for _, run := range runs {
+			if j >= len(run) {
+				continue
 			}
-			s.AchievedBlockOpS, s.QueryServiceP50, s.QueryServiceP99 = spreadOf(ops), spreadOf(p50), spreadOf(p99)
-			out = append(out, s)
+			r := run[j]
+			s.Runs++
+			if r.KeptUp {
+				s.KeptUp++
+			}
+			if r.GeneratorValid {
+				s.GeneratorValid++
+			}
+			ops, p50, p99 = append(ops, r.AchievedBlockOpsPerSec), append(p50, us(r.QueryService.P50)), append(p99, us(r.QueryService.P99))
 		}
+		s.AchievedBlockOpS, s.QueryServiceP50, s.QueryServiceP99 = spreadOf(ops), spreadOf(p50), spreadOf(p99)
+		out = append(out, s)
 	}
 	return out
 }
 
 func printRepeated(w io.Writer, rep repeatReport) {
-	if len(rep.Runs) > 0 {
-		printIndexer(w, rep.Runs[0])
-		fmt.Fprintln(w)
-	}
 	fmt.Fprintf(w, "%d runs, fresh processes:\n", len(rep.Runs))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "index\tblock-ops/s median\tmin\tmax\tkept up\tvalid\tlookup p50 µs\tp99 µs\t")

@@ -1,24 +1,26 @@
-package main
+package openloop
 
 import (
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/shardpool"
 )
 
-// The holes check: workers store chains and then evict blocks in their
-// middle while keeping the later ones (a hole), as engines do when a
+// The holes check (loadgen holes): workers store chains and then evict
+// blocks in their middle while keeping the later ones (a hole), as
+// engines do when a
 // shared block's last reference goes before its children's; every lookup
 // is checked against a naive model of what each worker holds. SMG found
 // Dynamo's concurrent tree under-counting there (12 of 21,151 lookups
 // wrong); kvradix's score stops at the first block a worker does not hold,
 // the model's rule, and must never be wrong.
 
-type holesConfig struct {
+// HolesConfig is a holes corpus: chains stored by workers, holes made in
+// them, lookups checked.
+type HolesConfig struct {
 	Workers  int     `json:"workers"`
 	Chains   int     `json:"chains"`    // distinct chains, shared among workers
 	Length   int     `json:"length"`    // blocks per chain
@@ -28,7 +30,8 @@ type holesConfig struct {
 	Seed     uint64  `json:"seed"`
 }
 
-type holesResult struct {
+// HolesResult is one indexer's verdict on a holes corpus.
+type HolesResult struct {
 	Impl           string `json:"impl"`
 	Lanes          int    `json:"lanes,omitempty"`
 	Lookups        int    `json:"lookups"`
@@ -37,64 +40,6 @@ type holesResult struct {
 	RejectedStores uint64 `json:"rejected_stores"`
 	Holes          int    `json:"holes"`
 	FirstWrong     string `json:"first_wrong,omitempty"`
-}
-
-type holesReport struct {
-	Config  holesConfig   `json:"config"`
-	Results []holesResult `json:"results"`
-}
-
-func runHoles(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("holes", stderr)
-	c := holesConfig{}
-	fs.IntVar(&c.Workers, "workers", 16, "workers")
-	fs.IntVar(&c.Chains, "chains", 500, "distinct chains, shared among workers")
-	fs.IntVar(&c.Length, "length", 48, "blocks per chain")
-	fs.IntVar(&c.Stores, "stores", 4000, "chains stored (each by a worker)")
-	fs.Float64Var(&c.HoleRate, "hole-rate", 0.05, "share of each stored chain's blocks then removed from its middle")
-	fs.IntVar(&c.Lookups, "lookups", 20000, "lookups, each checked against the model")
-	fs.Uint64Var(&c.Seed, "seed", 1, "seed")
-	compare := fs.String("compare", "single,pool,compressed", "indexers")
-	var out output
-	out.register(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	switch {
-	case fs.NArg() > 0:
-		return fmt.Errorf("holes: unexpected argument %q", fs.Arg(0))
-	case c.Workers < 1 || c.Chains < 1 || c.Length < 3 || c.Stores < 1 || c.Lookups < 0:
-		return errors.New("holes: -workers, -chains, -stores >= 1, -length >= 3, -lookups >= 0")
-	case c.HoleRate < 0 || c.HoleRate >= 1:
-		return fmt.Errorf("holes: -hole-rate %v, want in [0, 1)", c.HoleRate)
-	}
-	if err := out.validate(); err != nil {
-		return err
-	}
-	impls, err := shardpool.ParseImpls(*compare, []int{2})
-	if err != nil {
-		return err
-	}
-	rep := holesReport{Config: c}
-	for _, im := range impls {
-		rep.Results = append(rep.Results, c.check(im))
-	}
-	err = out.write(stdout, rep, func() {
-		fmt.Fprintf(stdout, "%d workers, %d chains of %d blocks, %d stores, hole rate %.2f\n", c.Workers, c.Chains, c.Length, c.Stores, c.HoleRate)
-		for _, r := range rep.Results {
-			fmt.Fprintf(stdout, "%-12s lookups %d (%d past a hole), wrong %d, holes %d, rejected stores %d %s\n",
-				shardpool.Impl{Name: r.Impl, Lanes: r.Lanes}, r.Lookups, r.LookupsInHoles, r.WrongLookups, r.Holes, r.RejectedStores, r.FirstWrong)
-		}
-	}, func() {})
-	if err != nil {
-		return err
-	}
-	for _, r := range rep.Results {
-		if r.WrongLookups > 0 {
-			return fmt.Errorf("holes: %s answered %d lookups wrong", r.Impl, r.WrongLookups)
-		}
-	}
-	return nil
 }
 
 // holesModel is what each worker holds, naively: its engine hashes' paths,
@@ -158,14 +103,26 @@ func holesChain(path, tok uint64) uint64 {
 	return x ^ x>>29
 }
 
-// check stores the chains, makes the holes, then checks every lookup.
-func (c holesConfig) check(im shardpool.Impl) holesResult {
+// Validate names the first parameter out of range, by its loadgen flag.
+func (c HolesConfig) Validate() error {
+	switch {
+	case c.Workers < 1 || c.Chains < 1 || c.Length < 3 || c.Stores < 1 || c.Lookups < 0:
+		return errors.New("holes: -workers, -chains, -stores >= 1, -length >= 3, -lookups >= 0")
+	case c.HoleRate < 0 || c.HoleRate >= 1:
+		return fmt.Errorf("holes: -hole-rate %v, want in [0, 1)", c.HoleRate)
+	}
+	return nil
+}
+
+// CheckHoles stores the chains in a fresh indexer of im, makes the holes,
+// then checks every lookup against the model.
+func CheckHoles(c HolesConfig, im shardpool.Impl) HolesResult {
 	r := rand.New(rand.NewPCG(c.Seed, 0x401e5))
 	idx := im.New(16)
 	defer idx.Close()
 	m := &holesModel{names: map[kvevent.WorkerID]map[uint64]uint64{}, held: map[kvevent.WorkerID]map[uint64]int{}}
 	tok := func(chain, j int) uint64 { return uint64(chain)<<32 | uint64(j) + 1 }
-	res := holesResult{Impl: im.Name, Lanes: im.Lanes}
+	res := HolesResult{Impl: im.Name, Lanes: im.Lanes}
 	apply := func(w kvevent.WorkerID, ev kvevent.Event) {
 		m.apply(w, ev)
 		if idx.ApplyEvent(kvevent.RouterEvent{WorkerID: w, Event: ev}) != nil {

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/kvradix/kvradix/openloop"
+)
+
+// -repeat runs fresh processes and reports each indexer's median and
+// spread.
+func TestIndexerRepeat(t *testing.T) {
+	out, _, err := runArgs(t, append([]string{"indexer", "-json", "-repeat", "2", "-compare", "compressed", "-duration", "200ms"}, indexerSmall...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep repeatReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if rep.Repeat != 2 || len(rep.Runs) != 2 || len(rep.Summary) != 1 || rep.Summary[0].Runs != 2 || rep.Summary[0].Impl != "compressed" {
+		t.Fatalf("%+v", rep)
+	}
+	if len(rep.Runs[0]) != 1 || rep.Runs[0][0].Index != "compressed" {
+		t.Fatalf("%+v", rep.Runs[0])
+	}
+	s := rep.Summary[0].AchievedBlockOpS
+	if !(s.Min <= s.Median && s.Median <= s.Max && s.Min > 0) || !strings.Contains(rep.Command, "-repeat 2") {
+		t.Fatalf("%+v", rep)
+	}
+	if _, _, err := runArgs(t, "indexer", "-repeat", "0"); err == nil {
+		t.Fatal("-repeat 0 accepted")
+	}
+}
+
+// -sustained searches the threshold in fresh processes: every point
+// reported, the window halving until one fails and then bisected, the
+// sustained rate a passing point's offered rate, with its figure per
+// second of the index's CPU.
+func TestSustained(t *testing.T) {
+	out, _, err := runArgs(t, append([]string{"indexer", "-json", "-sustained", "-compare", "compressed", "-duration", "400ms"}, indexerSmall...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep openloop.Sustained
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(rep.Points) < 2 {
+		t.Fatalf("%d points", len(rep.Points))
+	}
+	best := 0.0
+	for _, p := range rep.Points {
+		if p.Passed {
+			if len(p.AchievedBlockOpsPerSec) != openloop.SustainedRuns {
+				t.Fatalf("a passing point of %d processes", len(p.AchievedBlockOpsPerSec))
+			}
+			best = max(best, p.OfferedBlockOpsPerSec)
+		}
+	}
+	if rep.BlockOpsPerSec != best || (best > 0 && rep.PerLaneCPU <= 0) {
+		t.Fatalf("sustained %v (per lane CPU %v), best passing point %v", rep.BlockOpsPerSec, rep.PerLaneCPU, best)
+	}
+}
