@@ -36,6 +36,7 @@ commands:
   replay    replay a trace through mock engines under each router; compare TTFT, reuse
   indexer   replay a trace's KV events and matches against each index, compressed in time
   corpus    write the indexer's corpus in the field's SMGMCK01 format (indexer -corpus replays one)
+  memory    the index's live bytes a membership over the replay (Dynamo's indexer_memory)
   holes     workers evict mid-chain blocks and keep later ones; every lookup checked against a model
   router    drive the full router path at an offered request rate
   ingest    vLLM engines publish over ZeroMQ into the subscriber and indexer
@@ -59,6 +60,8 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {
 		return runIndexer(args[1:], stdout, stderr, stop)
 	case "corpus":
 		return runCorpus(args[1:], stdout, stderr)
+	case "memory":
+		return runMemory(args[1:], stdout, stderr)
 	case "holes":
 		return runHoles(args[1:], stdout, stderr)
 	case "router":
