@@ -16,30 +16,21 @@ type SweepPoint struct {
 	GeneratorValid         bool    `json:"generator_valid"`
 }
 
-// Sweep finds, in one process, the shortest window im keeps up with: from
-// the corpus's window it halves the window until a run falls behind, then
-// bisects between the last window that kept up and the first that did
-// not, in at most steps runs of fresh indexers. It returns the run at the
-// shortest window that kept up (or the last run, if none did), with every
-// step in its Sweep; each is reported to step as it ends (nil: none). The
-// sustained protocol (Sustained) is the field's figure; this is the
-// quick look.
+// Sweep finds, in one process, the shortest window im keeps up with, its
+// generator valid: from the corpus's window it halves the window while
+// runs pass (or doubles it while they fail, up to 16 times the first),
+// then bisects between the shortest window that passed and the longest
+// that failed, in at most steps runs of fresh indexers. It returns the run
+// at the shortest passing window (or the last run, if none passed), with
+// every step in its Sweep; each is reported to step as it ends (nil:
+// none). The sustained protocol (FindSustained) is the field's figure;
+// this is the quick look.
 func Sweep(c *Corpus, im shardpool.Impl, p Protocol, steps int, stop <-chan struct{}, step func(w time.Duration, r *Result)) *Result {
 	var best, last *Result
 	var pts []SweepPoint
-	lo, hi := time.Duration(0), c.ReferenceWindow // lo fell behind, hi kept up (once found)
-	for k := 0; k < steps; k++ {
-		w := hi
-		if k > 0 {
-			if lo == 0 {
-				w = hi / 2
-			} else {
-				w = (lo + hi) / 2
-			}
-		}
-		if w < 10*time.Millisecond || closed(stop) {
-			break
-		}
+	longest := 16 * c.ReferenceWindow
+	fail, pass := time.Duration(0), time.Duration(0) // the longest window that failed, the shortest that passed
+	for w, k := c.ReferenceWindow, 0; k < steps && w >= 10*time.Millisecond && w <= longest && !closed(stop); k++ {
 		r := RunFresh(c.Rescaled(w), im, p, stop)
 		pts = append(pts, SweepPoint{WindowMs: w.Seconds() * 1e3, OfferedBlockOpsPerSec: r.OfferedBlockOpsPerSec,
 			AchievedBlockOpsPerSec: r.AchievedBlockOpsPerSec, QueryServiceP99Ns: r.QueryService.P99, KeptUp: r.KeptUp, GeneratorValid: r.GeneratorValid})
@@ -47,10 +38,18 @@ func Sweep(c *Corpus, im shardpool.Impl, p Protocol, steps int, stop <-chan stru
 			step(w, r)
 		}
 		last = r
-		if r.KeptUp {
-			best, hi = r, w
-		} else if lo = w; best == nil {
-			break // the longest window already fell behind
+		if r.KeptUp && r.GeneratorValid {
+			best, pass = r, w
+		} else {
+			fail = w
+		}
+		switch {
+		case pass == 0:
+			w *= 2
+		case fail == 0:
+			w /= 2
+		default:
+			w = (fail + pass) / 2
 		}
 	}
 	res := last

@@ -238,6 +238,31 @@ func (p *Pool) FindMatches(local []uint64) (radix.OverlapScores, error) {
 	return p.tree.FindMatches(local, false), nil
 }
 
+// matchAppender is an index that matches without allocating
+// (CompressedTree).
+type matchAppender interface {
+	AppendMatches(dst []radix.Match, local []uint64, earlyExit bool) []radix.Match
+}
+
+// AppendMatches appends to dst the match of every worker holding at least
+// the first of local (in no particular order), on the caller's goroutine:
+// FindMatches without the maps. It allocates nothing where the index has
+// an AppendMatches of its own (CompressedTree); over another index it
+// converts FindMatches' answer.
+func (p *Pool) AppendMatches(dst []radix.Match, local []uint64) ([]radix.Match, error) {
+	if p.closed.Load() || p.tree == nil {
+		return dst, p.gate.usable()
+	}
+	if a, ok := p.tree.(matchAppender); ok {
+		return a.AppendMatches(dst, local, false), nil
+	}
+	res := p.tree.FindMatches(local, false)
+	for w, score := range res.Scores {
+		dst = append(dst, radix.Match{Worker: w, Score: score, TreeSize: res.TreeSizes[w]})
+	}
+	return dst, nil
+}
+
 // FindMatchesForRequest implements Indexer.
 func (p *Pool) FindMatchesForRequest(tokens []uint32, lora string) (radix.OverlapScores, error) {
 	if err := p.gate.usable(); err != nil {

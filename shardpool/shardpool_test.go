@@ -457,3 +457,41 @@ func testTiers(t *testing.T, idx shardpool.TierIndexer) {
 		t.Fatalf("with the shared store: %v (%v), want workers 7 and 8, 8 from disk", got.Scores, err)
 	}
 }
+
+// Pool.AppendMatches answers what FindMatches answers, over either
+// concurrent index, and allocates nothing over the compressed tree.
+func TestPoolAppendMatches(t *testing.T) {
+	for _, p := range []*shardpool.Pool{shardpool.NewPool(2, 4), shardpool.NewPoolOver(2, 4, radix.NewCompressedTree())} {
+		for w := range kvevent.WorkerID(5) {
+			s := kvevent.Stored{}
+			for i := range 3 + int(w) {
+				s.Blocks = append(s.Blocks, kvevent.StoredBlock{BlockHash: uint64(w)<<8 | uint64(i), TokensHash: uint64(i + 1)})
+			}
+			check(t, p.ApplyEvent(kvevent.RouterEvent{WorkerID: w, Event: kvevent.Event{ID: 1, Data: s}}))
+		}
+		flush(t, p)
+		for _, q := range [][]uint64{{1, 2, 3, 4, 5, 6, 7, 8}, {1, 2}, {9}, nil} {
+			got, err := p.AppendMatches(nil, q)
+			check(t, err)
+			want := match(t, p, q)
+			if len(got) != len(want.Scores) {
+				t.Fatalf("%v: %d matches, FindMatches %d", q, len(got), len(want.Scores))
+			}
+			for _, m := range got {
+				if want.Scores[m.Worker] != m.Score || want.TreeSizes[m.Worker] != m.TreeSize {
+					t.Fatalf("%v: %+v, FindMatches %d, %d", q, m, want.Scores[m.Worker], want.TreeSizes[m.Worker])
+				}
+			}
+		}
+		if _, ok := p.Index().(*radix.CompressedTree); ok {
+			buf, q := make([]radix.Match, 0, 16), []uint64{1, 2, 3, 4}
+			if n := testing.AllocsPerRun(100, func() { buf, _ = p.AppendMatches(buf[:0], q) }); n != 0 {
+				t.Fatalf("%v allocations a lookup", n)
+			}
+		}
+		check(t, p.Close())
+		if _, err := p.AppendMatches(nil, []uint64{1}); err == nil {
+			t.Fatal("AppendMatches after Close")
+		}
+	}
+}
