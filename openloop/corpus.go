@@ -1,9 +1,23 @@
 // Package openloop is the field's open-loop benchmark of KV indexes, as
 // Dynamo's mooncake_bench and SMG's replay run it: a corpus of timed
 // operations (lookups and KV events of many workers), issued by absolute
-// deadline against an index. This file is the corpus's wire format, SMG's
-// SMGMCK01, version 1, so that kvradix replays the corpora the field
-// replays and the field can replay kvradix's.
+// deadline against an index.
+//
+//   - Build makes a corpus from a trace through the mock engines (package
+//     replay); ReadFile and WriteFile carry it in SMG's SMGMCK01 format
+//     (below), so that kvradix replays the corpora the field replays and
+//     the field can replay kvradix's.
+//   - Run issues a corpus against an indexer by the drain-correct protocol
+//     and returns a Result, Dynamo's OpenLoopResult (schema 4) with
+//     kvradix's keys: the CPU the index's lanes spent and the block
+//     operations per second of it, the field's figure per lane core.
+//   - Sweep finds in one process the shortest window an indexer keeps up
+//     with; FindSustained runs the field's threshold protocol over fresh
+//     processes that its caller starts.
+//   - MeasureMemory is Dynamo's indexer_memory method: live bytes per
+//     membership over the replay.
+//   - CheckHoles checks lookups across workers' mid-chain evictions
+//     against a naive model.
 //
 // # Format
 //
