@@ -94,9 +94,9 @@ func TestBadInput(t *testing.T) {
 		body   string
 		want   string
 	}{
-		{Indexer, `{"results": []}`, "no sweep steps"},
-		{Indexer, `{"results": [`, "f.json"},
-		{IndexerLatency, `{"results": [{"impl": "single", "find_matches_us": {"p50": 0}}]}`, "no lookup latencies"},
+		{Indexer, ``, "no sweep steps"},
+		{Indexer, `{"index": "single"}` + "\n" + `{"index": `, "f.json: result 2"},
+		{IndexerLatency, `{"index": "single", "query_service": {"p50_ns": 0}}`, "no lookup latencies"},
 		{TTFTCDF, `{"results": [{"router": "kv"}]}`, "no TTFT percentiles"},
 		{Reuse, `{"results": []}`, "no routers"},
 		{Frontier, `{"sweep": []}`, "no sweep points"},
