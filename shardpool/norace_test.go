@@ -1,0 +1,5 @@
+//go:build !race
+
+package shardpool_test
+
+const raceEnabled = false

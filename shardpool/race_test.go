@@ -1,0 +1,7 @@
+//go:build race
+
+package shardpool_test
+
+// raceEnabled: the race detector makes sync.Pool drop items at random, so
+// allocation counts are only asserted without it.
+const raceEnabled = true
