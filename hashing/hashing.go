@@ -56,12 +56,12 @@ type Options struct {
 	// LoRAName salts every block of a request served by a LoRA adapter;
 	// empty means none.
 	LoRAName string
-	// Namespace salts every block (tenant isolation); empty means none.
-	Namespace string
-	// Salt is a request's cache salt (vLLM's and SGLang's cache_salt):
-	// blocks stored under a salt never match a request without it, nor
-	// one with another. Empty means none. (kvradix's rule, below; the
-	// engines' own hashes of salted blocks are theirs.)
+	// Salt is a request's cache salt (Dynamo's cache_salt, which it mixes
+	// in as its cache namespace; vLLM's and SGLang's cache_salt as they
+	// reach the router): blocks stored under a salt never match a request
+	// without it, nor one with another. Empty means none. It is mixed in
+	// as Dynamo mixes it (SeedFor), so a salted /query hashes as Dynamo's
+	// standalone indexer does.
 	Salt string
 	// MultiModal holds, per block index, the multimodal content hashes that
 	// fall into that block. They are appended to the block's bytes as sorted
@@ -72,19 +72,16 @@ type Options struct {
 	Algorithm Algorithm
 }
 
-// SeedFor returns the seed local hashes use under o:
-// 1337 + XXH3(LoRAName, seed 0) + XXH3(Namespace, seed 1) + XXH3(Salt,
-// seed 2), wrapping, where an empty string contributes nothing.
+// SeedFor returns the seed local hashes use under o, Dynamo's salt hash
+// (kv-hashing's compute_salt_hash): 1337 + XXH3(LoRAName, seed 0) +
+// XXH3(Salt, seed 1), wrapping, where an empty string contributes nothing.
 func (o *Options) SeedFor() uint64 {
 	seed := Seed
 	if o.LoRAName != "" {
 		seed += xxh3.HashString(o.LoRAName)
 	}
-	if o.Namespace != "" {
-		seed += xxh3.HashStringSeed(o.Namespace, 1)
-	}
 	if o.Salt != "" {
-		seed += xxh3.HashStringSeed(o.Salt, 2)
+		seed += xxh3.HashStringSeed(o.Salt, 1)
 	}
 	return seed
 }

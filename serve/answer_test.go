@@ -67,6 +67,31 @@ func plainScores(res radix.OverlapScores, tiers radix.TierScores, blockSize int)
 			out.Frequencies[i]++
 		}
 	}
+	out.Instances = map[string]Instance{}
+	summarise := func(wk kvevent.Worker) {
+		id, rank, bs := fmt.Sprint(uint64(wk.ID)), fmt.Sprint(wk.DPRank), uint64(blockSize)
+		g := uint64(res.Scores[wk])
+		c, d := g, g
+		if sc, ok := tiers.Scores[wk]; ok {
+			c, d = max(g, uint64(sc[kvevent.TierHostPinned])), max(g, uint64(sc[kvevent.TierExternal]))
+		}
+		in := out.Instances[id]
+		if in.DP == nil {
+			in.DP = map[string]uint64{}
+		}
+		in.DP[rank] = g * bs
+		in.GPU, in.CPU, in.Disk = max(in.GPU, g*bs), max(in.CPU, c*bs), max(in.Disk, d*bs)
+		in.LongestMatched = max(in.GPU, in.CPU, in.Disk)
+		out.Instances[id] = in
+	}
+	for wk := range res.Scores {
+		summarise(wk)
+	}
+	for wk := range tiers.Scores {
+		if _, ok := res.Scores[wk]; !ok {
+			summarise(wk)
+		}
+	}
 	if tiers.Scores != nil {
 		out.TierScores = map[string]map[string]map[string]uint64{}
 		for wk, sc := range tiers.Scores {
@@ -81,6 +106,26 @@ func plainScores(res radix.OverlapScores, tiers radix.TierScores, blockSize int)
 		}
 	}
 	return out
+}
+
+// Dynamo's own case (services/overlap.rs): rank 0 of instance 7 holds 2
+// blocks on the device, 1 more in host memory and 2 more on disk; rank 1
+// holds 1 on the device and 1 more on disk. With blocks of 16 tokens: dp
+// {0: 32, 1: 16}, gpu 32, cpu 48, disk 80, longest_matched 80.
+func TestInstancesAsDynamo(t *testing.T) {
+	r0, r1 := kvevent.Worker{ID: 7, DPRank: 0}, kvevent.Worker{ID: 7, DPRank: 1}
+	res := radix.OverlapScores{Scores: map[kvevent.Worker]uint32{r0: 2, r1: 1}, TreeSizes: map[kvevent.Worker]int{r0: 5, r1: 2}}
+	tiers := radix.TierScores{Scores: map[kvevent.Worker][kvevent.NumTiers]uint32{r0: {2, 3, 5, 5}, r1: {1, 1, 2, 2}}}
+	a := new(answerBuf)
+	a.appendScores(res, tiers, 16)
+	var got Scores
+	if err := json.Unmarshal(a.b, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := Instance{LongestMatched: 80, GPU: 32, DP: map[string]uint64{"0": 32, "1": 16}, CPU: 48, Disk: 80}
+	if !reflect.DeepEqual(got.Instances["7"], want) || len(got.Instances) != 1 {
+		t.Fatalf("instances %+v, want {\"7\": %+v}", got.Instances, want)
+	}
 }
 
 func BenchmarkAppendScores(b *testing.B) {

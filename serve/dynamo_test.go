@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/zeebo/xxh3"
+
 	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/ingest/vllm"
 	"github.com/kvradix/kvradix/internal/testwait"
@@ -16,9 +18,11 @@ import (
 )
 
 // Shapes of Dynamo's current standalone indexer the service accepts beside
-// its own: block hashes of 2^63 and over sent as negative int64s,
-// routing_group as the partition (tenant_id its synonym; the two differing
-// refused), and /ready.
+// its own: 201 {"status": "ok"} for a registration, block hashes of 2^63
+// and over sent as negative int64s, routing_group as the partition
+// (tenant_id its synonym; the two differing refused), the instances map,
+// cache_salt mixed as Dynamo mixes it (and refused by /query_by_hash), and
+// /ready.
 func TestDynamoShapes(t *testing.T) {
 	dir := t.TempDir()
 	svc := serve.New(serve.Config{StateDir: dir})
@@ -40,8 +44,8 @@ func TestDynamoShapes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	if code := post(t, ts.URL+"/register", []byte(`{"instance_id": 1, "endpoint": "`+pub.Addr()+`", "model_name": "m", "block_size": 16, "routing_group": "g1"}`), nil); code != http.StatusOK {
-		t.Fatalf("register with routing_group: %d", code)
+	if code := post(t, ts.URL+"/register", []byte(`{"instance_id": 1, "endpoint": "`+pub.Addr()+`", "model_name": "m", "block_size": 16, "routing_group": "g1"}`), &st); code != http.StatusCreated || st["status"] != "ok" {
+		t.Fatalf("register with routing_group: %d %v", code, st)
 	}
 	// The same instance id in another model is another worker; /workers
 	// says which is which, and filters by model and routing group.
@@ -50,7 +54,7 @@ func TestDynamoShapes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub2.Close()
-	if code := post(t, ts.URL+"/register", []byte(`{"instance_id": 1, "endpoint": "`+pub2.Addr()+`", "model_name": "m2", "block_size": 32}`), nil); code != http.StatusOK {
+	if code := post(t, ts.URL+"/register", []byte(`{"instance_id": 1, "endpoint": "`+pub2.Addr()+`", "model_name": "m2", "block_size": 32}`), nil); code != http.StatusCreated {
 		t.Fatalf("register in model m2: %d", code)
 	}
 	for query, want := range map[string][]serve.Worker{
@@ -94,6 +98,26 @@ func TestDynamoShapes(t *testing.T) {
 	if code := post(t, ts.URL+"/query_by_hash", signed, &got); code != http.StatusOK || got.Scores["1"]["0"] != 2*bs {
 		t.Fatalf("signed hashes: %d %v", code, got.Scores)
 	}
+	// Dynamo's instances map, in tokens (no tiers: cpu and disk are the
+	// device's prefix), beside the flat scores.
+	if want := (serve.Instance{LongestMatched: 2 * bs, GPU: 2 * bs, DP: map[string]uint64{"0": 2 * bs}, CPU: 2 * bs, Disk: 2 * bs}); !reflect.DeepEqual(got.Instances["1"], want) {
+		t.Fatalf("instances %+v, want {\"1\": %+v}", got.Instances, want)
+	}
+	// A salted /query hashes as Dynamo does (the salt in the seed, as its
+	// cache namespace): it matches what engines stored under those hashes.
+	salted := hashing.LocalHashes(nil, prompt, bs, hashing.Options{Salt: "tenant-a"})
+	if seed := (&hashing.Options{Salt: "tenant-a"}).SeedFor(); seed != hashing.Seed+xxh3.HashStringSeed("tenant-a", 1) {
+		t.Fatalf("the salted seed %d is not Dynamo's", seed)
+	}
+	testwait.For(t, "the salted blocks", func() bool {
+		pub.Publish([]vllm.Event{{Type: vllm.BlockStored, BlockHashes: []uint64{15, 16}, TokenIDs: prompt, BlockSize: bs, Medium: "GPU", CacheSalt: "tenant-a"}})
+		var got serve.Scores
+		post(t, ts.URL+"/query_by_hash", serve.HashQuery{BlockHashes: salted, ModelName: "m", TenantID: "g1"}, &got)
+		return got.Scores["1"]["0"] == 2*bs
+	})
+	if code := post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: "m", RoutingGroup: "g1", CacheSalt: "tenant-a"}, &got); code != http.StatusOK || got.Scores["1"]["0"] != 2*bs {
+		t.Fatalf("a salted /query: %d %v", code, got.Scores)
+	}
 	// Dynamo's statuses: 400 for what is not a request, 422 for JSON of
 	// the wrong shape (axum's JSON extractor), 404 for no such index.
 	for name, tc := range map[string]struct {
@@ -109,6 +133,8 @@ func TestDynamoShapes(t *testing.T) {
 		"an empty list":                      {`{"model_name": "m", "routing_group": "g1", "block_hashes": []}`, 200, ""},
 		"no such routing group":              {`{"model_name": "m", "routing_group": "g9", "block_hashes": [1]}`, 404, "no indexer for model=m routing_group=g9"},
 		"not JSON":                           {`{"model_name": "m", "block_hashes": [1`, 400, "body"},
+		"a cache_salt":                       {`{"model_name": "m", "routing_group": "g1", "block_hashes": [1], "cache_salt": "s"}`, 400, "cache_salt"},
+		"a null cache_salt":                  {`{"model_name": "m", "routing_group": "g1", "block_hashes": [1], "cache_salt": null}`, 200, ""},
 	} {
 		var e map[string]any
 		if code := post(t, ts.URL+"/query_by_hash", []byte(tc.body), &e); code != tc.code || tc.says != "" && !strings.Contains(fmt.Sprint(e["error"]), tc.says) {

@@ -139,7 +139,7 @@ func (s *Service) register(w http.ResponseWriter, r *http.Request) {
 		fail(w, status(err), err)
 		return
 	}
-	reply(w, http.StatusOK, map[string]string{"status": "registered"})
+	reply(w, http.StatusCreated, map[string]string{"status": "ok"})
 }
 
 // tenantOr names the default tenant for "".
@@ -172,7 +172,7 @@ func (s *Service) unregister(w http.ResponseWriter, r *http.Request) {
 		fail(w, status(err), err)
 		return
 	}
-	reply(w, http.StatusOK, map[string]string{"status": "unregistered"})
+	reply(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 // Query is a POST /query body.
@@ -196,6 +196,9 @@ type HashQuery struct {
 	ModelName    string `json:"model_name"`
 	TenantID     string `json:"tenant_id,omitempty"`
 	RoutingGroup string `json:"routing_group,omitempty"` // Dynamo's name of the partition; tenant_id is its synonym
+	// CacheSalt is refused, as Dynamo refuses it: the hashes must already
+	// carry the salt (hashing.Options.Salt).
+	CacheSalt *string `json:"cache_salt,omitempty"`
 }
 
 func (x *HashQuery) partition() (*string, string) { return &x.TenantID, x.RoutingGroup }
@@ -244,11 +247,19 @@ func parseHash(s string) (uint64, error) {
 	return 0, fmt.Errorf("%q is not an integer from -2^63 to 2^64-1", s)
 }
 
-// Scores is a query's answer.
+// Scores is a query's answer: Dynamo's (scores, frequencies, instances)
+// and kvradix's (tree_sizes, tier_scores).
 type Scores struct {
 	Scores      map[string]map[string]uint64 `json:"scores"` // instance -> rank -> matched tokens
 	Frequencies []int                        `json:"frequencies"`
-	TreeSizes   map[string]map[string]int    `json:"tree_sizes"` // instance -> rank -> blocks held
+	// Instances is Dynamo's per-instance summary (Mooncake's RFC #1403),
+	// in matched tokens: dp, each rank's device prefix; gpu, the longest
+	// of them; cpu, the longest device-or-host prefix; disk, the longest
+	// prefix in any tier (external storage counts as disk);
+	// longest_matched, the longest of the three. Without Config.Tiers only
+	// the device is indexed, and cpu and disk equal gpu.
+	Instances map[string]Instance       `json:"instances"`
+	TreeSizes map[string]map[string]int `json:"tree_sizes"` // instance -> rank -> blocks held
 	// TierScores, with Config.Tiers, is instance -> rank -> tier (device,
 	// host_pinned, disk, external) -> the tokens matched in that tier or a
 	// nearer one (device <= host_pinned <= disk <= external).
@@ -274,6 +285,10 @@ func (s *Service) query(w http.ResponseWriter, r *http.Request) {
 func (s *Service) queryByHash(w http.ResponseWriter, r *http.Request) {
 	var q HashQuery
 	if !s.decode(w, r, &q) {
+		return
+	}
+	if q.CacheSalt != nil {
+		fail(w, http.StatusBadRequest, errors.New("cache_salt: not accepted by /query_by_hash; block_hashes must already include the cache salt"))
 		return
 	}
 	s.answer(w, "query_by_hash", "block_hashes", len(q.BlockHashes), q.ModelName, q.TenantID, func(idx *index) ([]uint64, radix.OverlapScores, int, error) {
@@ -318,6 +333,7 @@ func (s *Service) answer(w http.ResponseWriter, endpoint, field string, n int, m
 type answerBuf struct {
 	b       []byte
 	workers []kvevent.Worker
+	all     []kvevent.Worker
 	counts  []int
 }
 
@@ -357,6 +373,18 @@ func (a *answerBuf) appendScores(res radix.OverlapScores, tiers radix.TierScores
 	b = appendByInstance(b, ws, func(b []byte, wk kvevent.Worker) []byte {
 		return strconv.AppendInt(b, int64(res.TreeSizes[wk]), 10)
 	})
+	all := ws
+	if tiers.Scores != nil { // a worker may hold the first block in another tier only
+		all = a.all[:0]
+		for _, wk := range ws {
+			if _, ok := tiers.Scores[wk]; !ok {
+				all = append(all, wk)
+			}
+		}
+		all = sortedWorkers(all, maps.Keys(tiers.Scores))
+		a.all = all
+	}
+	b = appendInstances(b, all, res, tiers, blockSize)
 	if tiers.Scores != nil {
 		ws = sortedWorkers(ws[:0], maps.Keys(tiers.Scores))
 		b = append(b, `,"tier_scores":`...)
@@ -375,6 +403,60 @@ func (a *answerBuf) appendScores(res radix.OverlapScores, tiers radix.TierScores
 		})
 	}
 	a.b, a.workers, a.counts = append(b, "}\n"...), ws, counts
+}
+
+// Instance is one instance's entry in a query's instances.
+type Instance struct {
+	LongestMatched uint64            `json:"longest_matched"`
+	GPU            uint64            `json:"gpu"`
+	DP             map[string]uint64 `json:"dp"`
+	CPU            uint64            `json:"cpu"`
+	Disk           uint64            `json:"disk"`
+}
+
+// appendInstances writes "instances": Dynamo's per-instance summary of
+// the workers ws (sorted by instance and rank), in tokens.
+func appendInstances(b []byte, ws []kvevent.Worker, res radix.OverlapScores, tiers radix.TierScores, blockSize int) []byte {
+	b = append(b, `,"instances":{`...)
+	for i := 0; i < len(ws); {
+		j := i
+		var gpu, cpu, disk uint64
+		for ; j < len(ws) && ws[j].ID == ws[i].ID; j++ {
+			g := uint64(res.Scores[ws[j]])
+			c, d := g, g
+			if ts, ok := tiers.Scores[ws[j]]; ok {
+				c, d = max(g, uint64(ts[kvevent.TierHostPinned])), max(g, uint64(ts[kvevent.TierExternal]))
+			}
+			gpu, cpu, disk = max(gpu, g), max(cpu, c), max(disk, d)
+		}
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = strconv.AppendUint(b, uint64(ws[i].ID), 10)
+		b = append(b, `":{"longest_matched":`...)
+		bs := uint64(blockSize)
+		b = strconv.AppendUint(b, max(gpu, cpu, disk)*bs, 10)
+		b = append(b, `,"gpu":`...)
+		b = strconv.AppendUint(b, gpu*bs, 10)
+		b = append(b, `,"dp":{`...)
+		for k := i; k < j; k++ {
+			if k > i {
+				b = append(b, ',')
+			}
+			b = append(b, '"')
+			b = strconv.AppendUint(b, uint64(ws[k].DPRank), 10)
+			b = append(b, `":`...)
+			b = strconv.AppendUint(b, uint64(res.Scores[ws[k]])*bs, 10)
+		}
+		b = append(b, `},"cpu":`...)
+		b = strconv.AppendUint(b, cpu*bs, 10)
+		b = append(b, `,"disk":`...)
+		b = strconv.AppendUint(b, disk*bs, 10)
+		b = append(b, '}')
+		i = j
+	}
+	return append(b, '}')
 }
 
 // sortedWorkers appends the workers to dst, by instance and rank.
@@ -479,11 +561,12 @@ func (s *Service) dump(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// writeIndexJSON writes "<model>:<tenant>": [events...] to out.
+// writeIndexJSON writes "<model>:<tenant>": {"block_size": N, "events":
+// [...]} to out.
 func writeIndexJSON(out *bufio.Writer, k modelKey, idx *index) {
 	name, _ := json.Marshal(k.String())
 	out.Write(name)
-	out.WriteString(":[")
+	fmt.Fprintf(out, `:{"block_size":%d,"events":[`, idx.blockSize)
 	var buf []byte
 	n := 0
 	radix.DumpEach(idx.pool.Index(), func(ev kvevent.RouterEvent) {
@@ -501,7 +584,30 @@ func writeIndexJSON(out *bufio.Writer, k modelKey, idx *index) {
 		}
 	})
 	out.Write(buf)
-	out.WriteByte(']')
+	out.WriteString("]}")
+}
+
+// Dump is a GET /dump answer as a client reads it: each index, by
+// "<model>:<routing group>", with its block size and its events. It reads
+// Dynamo's current shape, {"block_size": N, "events": [...]}, and the
+// bare list of events of Dynamo's first standalone indexer (and of
+// kvradix before it), whose block size it leaves 0.
+type Dump map[string]DumpedIndex
+
+// DumpedIndex is one index of a Dump.
+type DumpedIndex struct {
+	BlockSize int                   `json:"block_size"`
+	Events    []kvevent.RouterEvent `json:"events"`
+}
+
+// UnmarshalJSON reads either shape.
+func (d *DumpedIndex) UnmarshalJSON(b []byte) error {
+	if b = bytes.TrimSpace(b); len(b) > 0 && b[0] == '[' {
+		*d = DumpedIndex{}
+		return json.Unmarshal(b, &d.Events)
+	}
+	type plain DumpedIndex
+	return json.Unmarshal(b, (*plain)(d))
 }
 
 // dumpGCEvery is how many events a dump writes between two garbage

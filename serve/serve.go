@@ -1,7 +1,12 @@
 // Package serve is kvradix's index as an HTTP service, on the API of
-// Dynamo's standalone KV indexer (Mooncake's KV Indexer RFC conventions):
-// engines are registered with their ZeroMQ KV event endpoints, and routers
-// in any language ask which instance holds how much of a prompt.
+// Dynamo's current standalone KV indexer (lib/kv-router/src/services/
+// indexer/server.rs; Mooncake's KV Indexer RFC conventions): engines are
+// registered with their ZeroMQ KV event endpoints, and routers in any
+// language ask which instance holds how much of a prompt. Deliberate
+// differences: a bearer token for what changes state, loopback by
+// default, /route and the request lifecycle, tree_sizes and tier_scores
+// in the answers, and a registration that dials the engine before it
+// answers.
 //
 // One index (a shardpool.Pool over a CompressedTree) is kept per (model,
 // tenant); its first registration sets its block size. Each registered
@@ -12,8 +17,8 @@
 //	POST /unregister      {instance_id, model_name, tenant_id?, dp_rank?}
 //	GET  /workers         [{instance_id, endpoints: {"<rank>": endpoint}}]
 //	POST /query           {token_ids, model_name, tenant_id?, lora_name?, cache_salt?}
-//	POST /query_by_hash   {block_hashes, model_name, tenant_id?}
-//	GET  /dump            {"<model>:<tenant>": [RouterEvent, ...]}
+//	POST /query_by_hash   {block_hashes, model_name, tenant_id?} (a cache_salt is refused: the hashes carry it)
+//	GET  /dump            {"<model>:<routing_group>": {"block_size": N, "events": [RouterEvent, ...]}}
 //	POST /route           {token_ids | block_hashes, model_name, tenant_id?, request_id?} (see route.go)
 //	POST /requests/{id}/first_token, /requests/{id}/complete
 //	GET  /health
@@ -21,8 +26,11 @@
 //	GET  /metrics         Prometheus: events, gaps and losses per engine, query and route latency, hit rate, routes per instance, saves
 //
 // Queries answer {"scores": {"<instance>": {"<rank>": matched tokens}},
-// "frequencies": [workers holding block i, ...], "tree_sizes": {"<instance>":
-// {"<rank>": blocks}}}. Errors are {"error": "..."}, naming the field, with
+// "frequencies": [workers holding block i, ...], "instances": {"<instance>":
+// {"longest_matched", "gpu", "dp": {"<rank>": tokens}, "cpu", "disk"}},
+// "tree_sizes": {"<instance>": {"<rank>": blocks}}} (see Scores). A
+// registration answers 201 {"status": "ok"}, an unregistration 200
+// {"status": "ok"}. Errors are {"error": "..."}, naming the field, with
 // Dynamo's statuses: 400 for a body that is not JSON or a value out of
 // range, 413 for a body over the limit, 415 without a JSON content type,
 // 422 for JSON of the wrong shape (a wrong type, a required field

@@ -93,7 +93,7 @@ func TestServiceEndToEnd(t *testing.T) {
 	}
 	defer pub.Close()
 	reg := serve.Registration{InstanceID: 7, Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr(), ModelName: "m", BlockSize: bs}
-	if code := post(t, ts.URL+"/register", reg, nil); code != http.StatusOK {
+	if code := post(t, ts.URL+"/register", reg, nil); code != http.StatusCreated {
 		t.Fatalf("register: %d", code)
 	}
 
@@ -120,8 +120,11 @@ func TestServiceEndToEnd(t *testing.T) {
 	if get(t, ts.URL+"/workers", &workers); len(workers) != 1 || workers[0].InstanceID != 7 || workers[0].Endpoints["0"] != pub.Addr() {
 		t.Fatalf("workers: %+v", workers)
 	}
-	var dump map[string][]json.RawMessage
-	if get(t, ts.URL+"/dump", &dump); len(dump["m:default"]) != 3 || !strings.Contains(string(dump["m:default"][0]), `"worker_id":7`) {
+	var dump map[string]struct {
+		BlockSize int               `json:"block_size"`
+		Events    []json.RawMessage `json:"events"`
+	}
+	if get(t, ts.URL+"/dump", &dump); dump["m:default"].BlockSize != bs || len(dump["m:default"].Events) != 3 || !strings.Contains(string(dump["m:default"].Events[0]), `"worker_id":7`) {
 		t.Fatalf("dump: %v", dump)
 	}
 
@@ -210,12 +213,12 @@ func dumpHoldings(t *testing.T, url string) holdings.Set {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var dump map[string][]kvevent.RouterEvent
+	var dump serve.Dump
 	if err := json.NewDecoder(resp.Body).Decode(&dump); err != nil {
 		t.Fatal(err)
 	}
 	h := holdings.Set{}
-	for _, ev := range dump["m:default"] {
+	for _, ev := range dump["m:default"].Events {
 		_ = h.Apply(ev)
 	}
 	return h

@@ -248,7 +248,7 @@ func (c *serveConfig) startEngines(base string) ([]*vllm.Publisher, error) {
 			return pubs, err
 		}
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
+		if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK { // 201 today, 200 before
 			return pubs, fmt.Errorf("register engine %d: %s", i, resp.Status)
 		}
 	}
@@ -324,14 +324,14 @@ func (c *serveConfig) dumpEquals(base string, want holdings.Set) bool {
 		if err != nil {
 			continue
 		}
-		var dump map[string][]kvevent.RouterEvent
+		var dump serve.Dump // either shape: Dynamo's today or the bare list before
 		err = json.NewDecoder(resp.Body).Decode(&dump)
 		resp.Body.Close()
 		if err != nil {
 			continue
 		}
 		got := holdings.Set{}
-		for _, ev := range dump["trace:"+serve.DefaultTenant] { // in order: parents first
+		for _, ev := range dump["trace:"+serve.DefaultTenant].Events { // in order: parents first
 			_ = got.Apply(ev)
 		}
 		if got.Diff(want) == "" {
