@@ -57,6 +57,7 @@ func TestDynamoShapes(t *testing.T) {
 	if code := post(t, ts.URL+"/register", []byte(`{"instance_id": 1, "endpoint": "`+pub2.Addr()+`", "model_name": "m2", "block_size": 32}`), nil); code != http.StatusCreated {
 		t.Fatalf("register in model m2: %d", code)
 	}
+	waitActive(t, svc, 2)
 	for query, want := range map[string][]serve.Worker{
 		"": {
 			{InstanceID: 1, Endpoints: map[string]string{"0": pub.Addr()}, ModelName: "m", RoutingGroup: "g1", BlockSize: 16, Status: "active"},

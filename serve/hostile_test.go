@@ -82,6 +82,7 @@ func TestDeadEnginesDelayNobody(t *testing.T) {
 	if err := svc.Register(serve.Registration{InstanceID: 1, Endpoint: pub.Addr(), ModelName: "m", BlockSize: bs}); err != nil {
 		t.Fatal(err)
 	}
+	waitActive(t, svc, 1)
 	if took := time.Since(start); took > 20*time.Second {
 		t.Fatalf("a good registration took %v behind three dead ones", took)
 	}
@@ -104,10 +105,65 @@ func TestDeadEnginesDelayNobody(t *testing.T) {
 	dead.Wait()
 	close(errs)
 	for err := range errs {
-		if err == nil {
-			t.Error("a dead engine's registration succeeded")
+		if err != nil {
+			t.Errorf("a dead engine's registration was refused (it is taken, and dialled in the background): %v", err)
 		}
 	}
+}
+
+// An engine that is not up yet is registered all the same: it shows as
+// failed, saying why, while its dials are retried with backoff, and as
+// active once it comes up; it does not hold /ready back, and leaving it
+// stops the dials.
+func TestEngineNotUpYet(t *testing.T) {
+	svc := serve.New(serve.Config{})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "tcp://" + l.Addr().String()
+	l.Close() // nothing listens there now: every dial is refused
+	if err := svc.Register(serve.Registration{InstanceID: 3, Endpoint: addr, ModelName: "m", BlockSize: bs}); err != nil {
+		t.Fatal(err)
+	}
+	var w serve.Worker
+	testwait.For(t, "the engine shown failed", func() bool {
+		ws := svc.Workers("m", "")
+		if len(ws) == 1 {
+			w = ws[0]
+		}
+		return w.Status == "failed"
+	})
+	if w.Error == "" {
+		t.Fatalf("a failed engine without its error: %+v", w)
+	}
+	if ok, why := svc.Ready(); !ok {
+		t.Fatalf("not ready with only a failed engine: %s", why)
+	}
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: addr, Topic: "kv@e@m"})
+	if err != nil {
+		t.Skipf("the port was taken meanwhile: %v", err)
+	}
+	defer pub.Close()
+	waitActive(t, svc, 1)
+	prompt := tokens(2*bs, 31)
+	testwait.For(t, "its blocks", func() bool {
+		pub.Publish([]vllm.Event{{Type: vllm.BlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: prompt, BlockSize: bs, Medium: "GPU"}})
+		var got serve.Scores
+		post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: "m"}, &got)
+		return got.Scores["3"]["0"] == 2*bs
+	})
+	// Leaving while failed stops the dials.
+	if err := svc.Register(serve.Registration{InstanceID: 4, Endpoint: addr + "0", ModelName: "m", BlockSize: bs}); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Unregister(serve.Unregistration{InstanceID: 4, ModelName: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "no dial left", func() bool { return serve.PendingForTest(svc) == 0 })
 }
 
 // Out-of-range settings are floored or capped, not obeyed: a nanosecond
@@ -435,6 +491,7 @@ func TestRouteIDsAndAJoiningInstance(t *testing.T) {
 	if err := svc.Register(serve.Registration{InstanceID: 2, Endpoint: pub.Addr(), ModelName: "m", BlockSize: bs}); err != nil {
 		t.Fatal(err)
 	}
+	waitActive(t, svc, 2)
 	var a serve.RouteAnswer
 	if code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: prompt, ModelName: "m"}, &a); code != 200 || a.InstanceID != 2 {
 		t.Fatalf("route after instance 2 joined: %d %+v", code, a)
@@ -532,6 +589,7 @@ func TestNamesKeptApart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	waitActive(t, svc, 2)
 	resp, err := http.Get(ts.URL + "/metrics")
 	if err != nil {
 		t.Fatal(err)

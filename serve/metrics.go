@@ -51,6 +51,7 @@ var (
 	descRefused   = prometheus.NewDesc("kvradix_subscriber_events_refused_total", "An engine's events not indexed, by reason: another block size, a token count not block_size per hash, another KV cache group, an unknown type, undecodable (in a batch whose other events applied), remote (locality REMOTE).", []string{"model", "instance", "dp_rank", "reason"}, nil)
 	descUndecod   = prometheus.NewDesc("kvradix_subscriber_undecodable_batches_total", "An engine's batches that did not decode at all (each also a lost batch).", []string{"model", "instance", "dp_rank"}, nil)
 	descBadFrame  = prometheus.NewDesc("kvradix_subscriber_bad_frames_total", "An engine's live messages not [topic, 8-byte sequence, payload], or frames over the size limit.", []string{"model", "instance", "dp_rank"}, nil)
+	descEngines   = prometheus.NewDesc("kvradix_engines", "Registered engines (instance and rank) by status: active (subscribed to), pending (first dial in progress), failed (dials failed; retried).", []string{"model", "status"}, nil)
 	descDisconnct = prometheus.NewDesc("kvradix_subscriber_disconnects_total", "Receive errors on an engine's connection (it reconnects).", []string{"model", "instance", "dp_rank"}, nil)
 )
 
@@ -125,7 +126,7 @@ func (m *metrics) handler() http.Handler {
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descApplied, descRejected, descIgnored, descPairs, descBytes, descDepth,
 		descGaps, descReplayed, descRestarts, descLost, descReceived, descDisconnct, descDown, descLastMsg, descBusSeq, descBusBad,
-		descRefused, descUndecod, descBadFrame} {
+		descRefused, descUndecod, descBadFrame, descEngines} {
 		ch <- d
 	}
 }
@@ -156,6 +157,22 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		if idx.replica != nil {
 			gauge(descBusSeq, float64(idx.replica.Seq()), model)
 			counter(descBusBad, idx.replica.Bad(), model)
+		}
+	}
+	engines := map[[2]string]int{}
+	for k := range s.instances {
+		engines[[2]string{k.String(), "active"}]++
+	}
+	for k, d := range s.pending {
+		status := "pending"
+		if d.err != nil {
+			status = "failed"
+		}
+		engines[[2]string{k.String(), status}]++
+	}
+	for k := range s.indexes {
+		for _, status := range []string{"active", "pending", "failed"} {
+			gauge(descEngines, float64(engines[[2]string{k.String(), status}]), k.String(), status)
 		}
 	}
 	// Engines are labelled by model too: one instance id may serve two

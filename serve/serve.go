@@ -5,8 +5,7 @@
 // language ask which instance holds how much of a prompt. Deliberate
 // differences: a bearer token for what changes state, loopback by
 // default, /route and the request lifecycle, tree_sizes and tier_scores
-// in the answers, and a registration that dials the engine before it
-// answers.
+// in the answers.
 //
 // One index (a shardpool.Pool over a CompressedTree) is kept per (model,
 // tenant); its first registration sets its block size. Each registered
@@ -36,8 +35,8 @@
 // 422 for JSON of the wrong shape (a wrong type, a required field
 // missing), 404 for no index of the model and routing group ("no indexer
 // for model=M routing_group=G"); kvradix's own: 409 for a block size other
-// than the model's or an instance registered twice, 502 for an endpoint
-// that cannot be subscribed to.
+// than the model's or an instance registered twice. A registration never
+// waits on its engine (see Register).
 //
 // With Config.StateDir the registry and the indexes are saved (on Close and
 // every Config.SaveEvery) and recovered (Recover). On a NATS bus
@@ -212,12 +211,12 @@ type Service struct {
 	mu        sync.Mutex
 	indexes   map[modelKey]*index
 	instances map[instanceKey]*instance
-	dumping   chan struct{}        // one /dump at a time
-	large     chan struct{}        // slots of requests with large bodies (see bounded)
-	pending   map[instanceKey]bool // reserved, their endpoints being dialled
-	dialing   sync.WaitGroup       // the dials of pending instances
-	routes    map[uuid.UUID]*route // requests in flight, by routeKey
-	expiries  []expiry             // their deadlines, soonest first (see expire)
+	dumping   chan struct{}         // one /dump at a time
+	large     chan struct{}         // slots of requests with large bodies (see bounded)
+	pending   map[instanceKey]*dial // registered, their engines being dialled
+	dialing   sync.WaitGroup        // the dials of pending instances
+	routes    map[uuid.UUID]*route  // requests in flight, by routeKey
+	expiries  []expiry              // their deadlines, soonest first (see expire)
 	closed    bool
 
 	// recovering, with Config.StateDir, until Recover has run: the
@@ -231,7 +230,7 @@ type Service struct {
 func New(cfg Config) *Service {
 	cfg.defaults()
 	s := &Service{cfg: cfg, indexes: map[modelKey]*index{}, instances: map[instanceKey]*instance{},
-		pending: map[instanceKey]bool{}, routes: map[uuid.UUID]*route{}, dumping: make(chan struct{}, 1), large: make(chan struct{}, largeBodies)}
+		pending: map[instanceKey]*dial{}, routes: map[uuid.UUID]*route{}, dumping: make(chan struct{}, 1), large: make(chan struct{}, largeBodies)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.recovering.Store(cfg.StateDir != "")
 	s.metrics = newMetrics(s)
@@ -288,14 +287,34 @@ func (r *Registration) check() error {
 }
 
 // Register subscribes to an engine's KV events into its model's index.
+// It does not wait for the engine: the registration is taken at once and
+// the engine dialled in the background, and redialled with backoff (50 ms
+// doubling to 5 s) for as long as it cannot be reached, until it is or
+// the instance is unregistered. Workers says which (pending while the
+// first dial is in progress, failed after, active once subscribed). Only
+// a registration that can never be served is refused: invalid, a block
+// size other than its model's, or the instance registered already.
 func (s *Service) Register(r Registration) error { return s.subscribe(r, 0) }
 
+// dial is a registered engine not yet subscribed to: its first dial in
+// progress (err nil: pending), or failed and being retried (failed).
+type dial struct {
+	reg      Registration
+	resumeAt uint64
+	cancel   context.CancelFunc // ends the dialling (Unregister, Close)
+	err      error              // the last dial's failure (mu)
+}
+
+// Dialling backoff: a failed engine is redialled after redialMin, then
+// twice as long each time, up to redialMax.
+const (
+	redialMin = 50 * time.Millisecond
+	redialMax = 5 * time.Second
+)
+
 // subscribe is Register, resuming the engine's stream at resumeAt (0:
-// fresh). The instance is reserved under the registry lock, its endpoint
-// dialled with no lock held (a dead or silent engine delays nobody else's
-// registration, save or shutdown: Close abandons the dial), and the
-// registration completed under the lock again, unless the instance was
-// unregistered or the service closed meanwhile.
+// fresh). The instance is reserved under the registry lock and dialled in
+// the background (dialUntilUp) with no lock held.
 func (s *Service) subscribe(r Registration, resumeAt uint64) error {
 	if err := resolvePartition(&r); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -307,32 +326,27 @@ func (s *Service) subscribe(r Registration, resumeAt uint64) error {
 		return err
 	}
 	key := instanceKey{modelKey{r.ModelName, r.TenantID}, kvevent.WorkerID(r.InstanceID), r.DPRank}
-	idx, created, err := s.reserve(key, r.BlockSize)
+	d := &dial{reg: r, resumeAt: resumeAt}
+	ctx, idx, created, err := s.reserve(key, d)
 	if err != nil {
 		return err
 	}
-	defer s.dialing.Done()
-	cfg := s.cfg.Subscriber
-	cfg.BlockSize = r.BlockSize
-	sub, err := vllm.NewSubscriberContext(s.ctx, idx.sink, cfg, vllm.Endpoint{Worker: key.instance, Address: r.Endpoint, Replay: r.ReplayEndpoint, ResumeAt: resumeAt, DPRank: kvevent.DPRank(r.DPRank)})
-	if err != nil {
-		err = fmt.Errorf("%w: %v", ErrUnreachable, err)
-	}
-	return s.complete(key, idx, created, r, sub, err)
+	go s.dialUntilUp(ctx, key, idx, created, d)
+	return nil
 }
 
 // reserve admits the instance and marks it pending, creating its model's
-// index if it is the first (created); the caller dials, then calls
-// complete and s.dialing.Done.
-func (s *Service) reserve(key instanceKey, blockSize int) (idx *index, created bool, err error) {
+// index if it is the first (created); the caller dials until ctx ends,
+// then calls complete, then s.dialing.Done.
+func (s *Service) reserve(key instanceKey, d *dial) (ctx context.Context, idx *index, created bool, err error) {
 	s.regMu.Lock()
 	defer s.regMu.Unlock()
-	if idx, err = s.admissible(key, blockSize); err != nil {
-		return nil, false, err
+	if idx, err = s.admissible(key, d.reg.BlockSize); err != nil {
+		return nil, nil, false, err
 	}
 	if created = idx == nil; created {
-		if idx, err = s.createIndex(key.modelKey, blockSize); err != nil {
-			return nil, false, err
+		if idx, err = s.createIndex(key.modelKey, d.reg.BlockSize); err != nil {
+			return nil, nil, false, err
 		}
 	}
 	s.mu.Lock()
@@ -341,27 +355,60 @@ func (s *Service) reserve(key instanceKey, blockSize int) (idx *index, created b
 		if created {
 			idx.close()
 		}
-		return nil, false, errors.New("service closed")
+		return nil, nil, false, errors.New("service closed")
 	}
+	ctx, d.cancel = context.WithCancel(s.ctx)
 	s.indexes[key.modelKey] = idx
-	s.pending[key] = true
+	s.pending[key] = d
 	s.dialing.Add(1)
-	return idx, created, nil
+	return ctx, idx, created, nil
 }
 
-// complete registers the instance reserved as key with its subscriber, or
-// (dialErr, or the reservation gone) closes the subscriber and drops the
-// model's index if the reservation created it and nothing else uses it.
-func (s *Service) complete(key instanceKey, idx *index, created bool, r Registration, sub *vllm.Subscriber, dialErr error) error {
+// dialUntilUp dials the engine reserved as key until it is subscribed to
+// or ctx ends (the instance unregistered, the service closed), recording
+// each failure for Workers.
+func (s *Service) dialUntilUp(ctx context.Context, key instanceKey, idx *index, created bool, d *dial) {
+	defer s.dialing.Done()
+	cfg := s.cfg.Subscriber
+	cfg.BlockSize = d.reg.BlockSize
+	ep := vllm.Endpoint{Worker: key.instance, Address: d.reg.Endpoint, Replay: d.reg.ReplayEndpoint, ResumeAt: d.resumeAt, DPRank: kvevent.DPRank(d.reg.DPRank)}
+	for wait := redialMin; ; wait = min(2*wait, redialMax) {
+		sub, err := vllm.NewSubscriberContext(ctx, idx.sink, cfg, ep)
+		if err == nil || ctx.Err() != nil {
+			s.complete(key, idx, created, d, sub)
+			return
+		}
+		s.mu.Lock()
+		d.err = fmt.Errorf("%w: %v", ErrUnreachable, err)
+		s.mu.Unlock()
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			s.complete(key, idx, created, d, nil)
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// complete registers the instance reserved as key with its subscriber,
+// or, without one or with the reservation gone, closes the subscriber and
+// drops the model's index if the reservation created it and nothing else
+// uses it.
+func (s *Service) complete(key instanceKey, idx *index, created bool, d *dial, sub *vllm.Subscriber) {
 	s.regMu.Lock()
 	defer s.regMu.Unlock()
 	s.mu.Lock()
-	reserved := s.pending[key] && !s.closed
-	delete(s.pending, key)
-	if dialErr == nil && reserved {
-		s.instances[key] = &instance{reg: r, sub: sub}
+	reserved := s.pending[key] == d && !s.closed
+	if reserved {
+		delete(s.pending, key)
+	}
+	d.cancel()
+	if sub != nil && reserved {
+		s.instances[key] = &instance{reg: d.reg, sub: sub}
 		s.mu.Unlock()
-		return nil
+		return
 	}
 	unused := created && s.indexes[key.modelKey] == idx && !s.usedLocked(key.modelKey)
 	if unused {
@@ -374,10 +421,6 @@ func (s *Service) complete(key instanceKey, idx *index, created bool, r Registra
 	if unused {
 		_ = idx.close()
 	}
-	if dialErr != nil {
-		return dialErr
-	}
-	return fmt.Errorf("%w: instance %d rank %d of %s:%s was unregistered, or the service closed, while its endpoint was dialled", ErrConflict, key.instance, key.rank, key.model, key.tenant)
 }
 
 // usedLocked reports whether an instance of model k is registered or
@@ -404,7 +447,7 @@ func (s *Service) admissible(key instanceKey, blockSize int) (*index, error) {
 	if s.closed {
 		return nil, errors.New("service closed")
 	}
-	if _, ok := s.instances[key]; ok || s.pending[key] {
+	if _, ok := s.instances[key]; ok || s.pending[key] != nil {
 		return nil, fmt.Errorf("%w: instance %d rank %d of %s:%s is registered already", ErrConflict, key.instance, key.rank, key.model, key.tenant)
 	}
 	idx := s.indexes[key.modelKey]
@@ -450,11 +493,12 @@ func (s *Service) Unregister(u Unregistration) error {
 	defer s.regMu.Unlock()
 	var gone []leaving
 	s.mu.Lock()
-	pending := 0
-	for key := range s.pending {
+	var dials []leaving // registered, never subscribed to
+	for key, d := range s.pending {
 		if u.names(key) {
-			delete(s.pending, key) // its dial, when done, finds it gone
-			pending++
+			delete(s.pending, key) // its dial, ended, finds it gone
+			d.cancel()
+			dials = append(dials, leaving{key, nil, s.indexes[key.modelKey]})
 		}
 	}
 	for key, inst := range s.instances {
@@ -469,11 +513,23 @@ func (s *Service) Unregister(u Unregistration) error {
 		_ = s.syncRouter(g.key.modelKey, g.idx) // no error: the workers come from a map's keys, none twice
 	}
 	s.mu.Unlock()
-	if len(gone) == 0 && pending == 0 {
+	if len(gone) == 0 && len(dials) == 0 {
 		return fmt.Errorf("%w: no instance %d of model %q", ErrUnknownModel, u.InstanceID, u.ModelName)
 	}
 	var err error
+	// An engine never reached may still hold blocks in the index: those a
+	// saved state restored. Its registered rank's leave.
+	for _, g := range dials {
+		if !s.registered(g.key) {
+			err = errors.Join(err, g.idx.sink.ApplyEvent(kvevent.RouterEvent{WorkerID: g.key.instance,
+				Event: kvevent.Event{DPRank: kvevent.DPRank(g.key.rank), Data: kvevent.Cleared{}}}))
+		}
+	}
+	gone = append(gone, dials...)
 	for _, g := range gone {
+		if g.inst == nil {
+			continue // dialled, never subscribed to: done above
+		}
 		_ = g.inst.sub.Close()
 		// The blocks of every rank the engine wrote leave (its batches may
 		// name ranks other than the one registered): a Cleared event of
@@ -521,7 +577,8 @@ func (s *Service) registered(key instanceKey) bool {
 
 // Ready reports whether the service serves all it is going to: its saved
 // state recovered (with Config.StateDir), no engine's first dial still in
-// progress, and not closed; if not, why.
+// progress (an engine whose dial failed is retried, and does not hold
+// readiness back), and not closed; if not, why.
 func (s *Service) Ready() (bool, string) {
 	if s.recovering.Load() {
 		return false, "recovering the saved state"
@@ -531,16 +588,30 @@ func (s *Service) Ready() (bool, string) {
 	switch {
 	case s.closed:
 		return false, "closed"
-	case len(s.pending) > 0:
-		return false, fmt.Sprintf("%d engines being dialled", len(s.pending))
+	}
+	if n := s.firstDialsLocked(); n > 0 {
+		return false, fmt.Sprintf("%d engines being dialled for the first time", n)
 	}
 	return true, ""
 }
 
+// firstDialsLocked counts the engines whose first dial is in progress (mu
+// held).
+func (s *Service) firstDialsLocked() int {
+	n := 0
+	for _, d := range s.pending {
+		if d.err == nil {
+			n++
+		}
+	}
+	return n
+}
+
 // Worker is one registered instance of a model and routing group, as
-// GET /workers lists it: its endpoints by data-parallel rank, and whether
-// it is served (status "active") or its first dial is still in progress
-// ("pending", no endpoints yet).
+// GET /workers lists it: its endpoints by data-parallel rank, and its
+// status: "active" when a rank is subscribed to, else "pending" while a
+// first dial is in progress, else "failed" (its dials failed, Error says
+// how; they are retried).
 type Worker struct {
 	InstanceID   uint64            `json:"instance_id"`
 	Endpoints    map[string]string `json:"endpoints"` // by data-parallel rank
@@ -548,7 +619,11 @@ type Worker struct {
 	RoutingGroup string            `json:"routing_group"`
 	BlockSize    int               `json:"block_size"`
 	Status       string            `json:"status"`
+	Error        string            `json:"error,omitempty"` // the last dial's failure, while failed
 }
+
+// statusRank orders statuses: an instance shows its best rank's.
+var statusRank = map[string]int{"failed": 0, "pending": 1, "active": 2}
 
 // Workers lists the instances registered or being registered, by model,
 // routing group and id; a non-empty model or group keeps only theirs.
@@ -573,15 +648,26 @@ func (s *Service) Workers(model, group string) []Worker {
 			}
 			byKey[k] = w
 		}
+		if statusRank[status] > statusRank[w.Status] {
+			w.Status = status
+		}
 		return w
 	}
-	for ik := range s.pending {
-		add(ik, "pending")
+	for ik, d := range s.pending {
+		if d.err == nil {
+			add(ik, "pending")
+		} else if w := add(ik, "failed"); w != nil {
+			w.Error = d.err.Error()
+		}
 	}
 	for ik, inst := range s.instances {
 		if w := add(ik, "active"); w != nil {
-			w.Status = "active" // a rank served: the instance is, whatever others are still dialled
 			w.Endpoints[fmt.Sprint(ik.rank)] = inst.reg.Endpoint
+		}
+	}
+	for _, w := range byKey {
+		if w.Status != "failed" {
+			w.Error = ""
 		}
 	}
 	out := make([]Worker, 0, len(byKey))

@@ -312,6 +312,14 @@ func (e *engine) register(t *testing.T, svc *serve.Service) {
 	if err := svc.Register(serve.Registration{InstanceID: e.id, Endpoint: e.pub.Addr(), ReplayEndpoint: e.pub.ReplayAddr(), ModelName: "m", BlockSize: bs}); err != nil {
 		t.Fatal(err)
 	}
+	testwait.For(t, "the engine subscribed to", func() bool {
+		for _, w := range svc.Workers("m", "") {
+			if w.InstanceID == e.id {
+				return w.Status == "active"
+			}
+		}
+		return false
+	})
 }
 
 // publish publishes n batches of two events (safe for concurrent use with
@@ -349,6 +357,61 @@ func startIn(dir string, every time.Duration) (*serve.Service, *httptest.Server,
 	svc := serve.New(serve.Config{StateDir: dir, SaveEvery: every})
 	rec, err := svc.Recover()
 	return svc, httptest.NewServer(svc.Handler()), rec, err
+}
+
+// A restart whose engine is gone opens at once (it dialled each saved
+// engine in turn, 5 s each, before serving): the engine shows as not up,
+// its restored blocks are served, /ready does not wait on it, and
+// unregistering it drops its blocks.
+func TestRestartWithEnginesGone(t *testing.T) {
+	dir := t.TempDir()
+	e := newEngine(t, 7)
+	svc, ts, _, err := startIn(dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.register(t, svc)
+	e.publish(t, 5)
+	e.caughtUp(t, ts.URL, "the engine's batches")
+	ts.Close()
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.pub.Close()
+
+	start := time.Now()
+	svc, ts, rec, err := startIn(dir, 0)
+	if err != nil || rec.Instances != 1 || rec.Pairs == 0 {
+		t.Fatalf("recovered %+v (%v)", rec, err)
+	}
+	defer svc.Close()
+	defer ts.Close()
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("the restart took %v with its engine gone", took)
+	}
+	if ws := svc.Workers("m", ""); len(ws) != 1 || ws[0].Status == "active" {
+		t.Fatalf("workers %+v, want instance 7 not active", ws)
+	}
+	testwait.For(t, "ready", func() bool { ok, _ := svc.Ready(); return ok })
+	if h := dumpHoldings(t, ts.URL); h.Diff(holdings.Set{}) == "" {
+		t.Fatal("the restored blocks are not served")
+	}
+	// Another engine keeps the model's index, so that instance 7's blocks
+	// must leave it rather than go with it.
+	newEngine(t, 8).register(t, svc)
+	if err := svc.Unregister(serve.Unregistration{InstanceID: 7, ModelName: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "its blocks gone", func() bool {
+		var dump serve.Dump
+		get(t, ts.URL+"/dump", &dump)
+		for _, ev := range dump["m:default"].Events {
+			if ev.WorkerID == 7 {
+				return false
+			}
+		}
+		return dump["m:default"].BlockSize == bs
+	})
 }
 
 // The periodic saves, while the engine publishes, are consistent cuts: a
@@ -462,7 +525,23 @@ func registerPublishers(t testing.TB, svc *serve.Service, n int) []*vllm.Publish
 			t.Fatal(err)
 		}
 	}
+	waitActive(t, svc, n)
 	return pubs
+}
+
+// waitActive waits until n instances are active (Register does not wait
+// for the engine).
+func waitActive(t testing.TB, svc *serve.Service, n int) {
+	t.Helper()
+	testwait.For(t, fmt.Sprintf("%d instances active", n), func() bool {
+		active := 0
+		for _, w := range svc.Workers("", "") {
+			if w.Status == "active" {
+				active++
+			}
+		}
+		return active == n
+	})
 }
 
 // POST /route sends a prompt to the instance holding its prefix and

@@ -355,6 +355,9 @@ func (s *Service) write(snaps map[modelKey][]byte, resumeAt map[instanceKey]uint
 	for k, inst := range s.instances {
 		st.Instances = append(st.Instances, savedInstance{Registration: inst.reg, ResumeAt: resumeAt[k]})
 	}
+	for _, d := range s.pending { // registered, not reached yet: dialled again after a restart
+		st.Instances = append(st.Instances, savedInstance{Registration: d.reg, ResumeAt: d.resumeAt})
+	}
 	data, err := sealed(st)
 	if err != nil {
 		return err

@@ -252,7 +252,36 @@ func (c *serveConfig) startEngines(base string) ([]*vllm.Publisher, error) {
 			return pubs, fmt.Errorf("register engine %d: %s", i, resp.Status)
 		}
 	}
-	return pubs, nil
+	return pubs, c.awaitActive(base)
+}
+
+// awaitActive waits (30 s at most) until GET /workers shows every engine
+// active: a registration does not wait for its engine to be dialled, and
+// what an engine publishes before it is subscribed to is not heard. A
+// service that does not say (no status) is taken at its word.
+func (c *serveConfig) awaitActive(base string) error {
+	var last string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		resp, err := http.Get(base + "/workers?model_name=trace")
+		if err != nil {
+			last = err.Error()
+			continue
+		}
+		var ws []serve.Worker
+		err = json.NewDecoder(resp.Body).Decode(&ws)
+		resp.Body.Close()
+		active := 0
+		for _, w := range ws {
+			if w.Status == "active" || w.Status == "" {
+				active++
+			}
+		}
+		if err == nil && active == c.engines {
+			return nil
+		}
+		last = fmt.Sprintf("%d of %d engines active: %+v (%v)", active, c.engines, ws, err)
+	}
+	return fmt.Errorf("the engines were not all subscribed to within 30 s: %s", last)
 }
 
 // queryTally is one client's count.
