@@ -48,6 +48,9 @@ func (s *Service) Handler() http.Handler {
 		}
 		reply(w, http.StatusOK, s.Workers(q.Get("model_name"), group))
 	})
+	mux.HandleFunc("POST /register_peer", s.guarded(s.registerPeer))
+	mux.HandleFunc("POST /deregister_peer", s.guarded(s.deregisterPeer))
+	mux.HandleFunc("GET /peers", func(w http.ResponseWriter, _ *http.Request) { reply(w, http.StatusOK, s.Peers()) })
 	mux.HandleFunc("POST /route", s.guarded(s.route))
 	mux.HandleFunc("POST /requests/{id}/first_token", s.guarded(s.release(false)))
 	mux.HandleFunc("POST /requests/{id}/complete", s.guarded(s.release(true)))
@@ -140,6 +143,35 @@ func (s *Service) register(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reply(w, http.StatusCreated, map[string]string{"status": "ok"})
+}
+
+// Peer is a POST /register_peer or /deregister_peer body.
+type Peer struct {
+	URL string `json:"url"`
+}
+
+func (s *Service) registerPeer(w http.ResponseWriter, r *http.Request) {
+	var p Peer
+	if !s.decode(w, r, &p) {
+		return
+	}
+	if err := s.RegisterPeer(p.URL); err != nil {
+		fail(w, status(err), err)
+		return
+	}
+	reply(w, http.StatusCreated, map[string]string{"status": "ok"})
+}
+
+func (s *Service) deregisterPeer(w http.ResponseWriter, r *http.Request) {
+	var p Peer
+	if !s.decode(w, r, &p) {
+		return
+	}
+	if err := s.DeregisterPeer(p.URL); err != nil {
+		fail(w, status(err), err)
+		return
+	}
+	reply(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 // tenantOr names the default tenant for "".
@@ -720,7 +752,7 @@ func status(err error) int {
 	switch {
 	case errors.Is(err, ErrInvalid):
 		return http.StatusBadRequest
-	case errors.Is(err, ErrUnknownModel):
+	case errors.Is(err, ErrUnknownModel), errors.Is(err, ErrUnknownPeer):
 		return http.StatusNotFound
 	case errors.Is(err, ErrConflict):
 		return http.StatusConflict

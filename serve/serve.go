@@ -20,6 +20,7 @@
 //	GET  /dump            {"<model>:<routing_group>": {"block_size": N, "events": [RouterEvent, ...]}}
 //	POST /route           {token_ids | block_hashes, model_name, tenant_id?, request_id?} (see route.go)
 //	POST /requests/{id}/first_token, /requests/{id}/complete
+//	POST /register_peer   {url}; POST /deregister_peer {url}; GET /peers (see peers.go)
 //	GET  /health
 //	GET  /ready           200 once the saved state is recovered and no engine's first dial is in progress, else 503 saying why
 //	GET  /metrics         Prometheus: events, gaps and losses per engine, query and route latency, hit rate, routes per instance, saves
@@ -49,6 +50,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -95,6 +97,10 @@ type Config struct {
 	// its tier (router.DefaultTierWeights). Without it, other tiers'
 	// events are counted and dropped (the seed's rule).
 	Tiers bool
+	// Peers are other services indexing the same engines (http(s) URLs):
+	// Recover restores an empty service from the first whose GET /dump
+	// answers (see peers.go). POST /register_peer adds more.
+	Peers []string
 }
 
 // Bounds of Config's fields: New floors or caps a field past them (a
@@ -139,6 +145,7 @@ var (
 	ErrUnknownModel = errors.New("unknown model")
 	ErrConflict     = errors.New("conflict")
 	ErrUnreachable  = errors.New("endpoint cannot be subscribed to")
+	ErrUnknownPeer  = errors.New("peer not found")
 )
 
 // modelKey names one index.
@@ -216,6 +223,7 @@ type Service struct {
 	pending   map[instanceKey]*dial // registered, their engines being dialled
 	dialing   sync.WaitGroup        // the dials of pending instances
 	routes    map[uuid.UUID]*route  // requests in flight, by routeKey
+	peers     []string              // see peers.go
 	expiries  []expiry              // their deadlines, soonest first (see expire)
 	closed    bool
 
@@ -232,7 +240,12 @@ func New(cfg Config) *Service {
 	s := &Service{cfg: cfg, indexes: map[modelKey]*index{}, instances: map[instanceKey]*instance{},
 		pending: map[instanceKey]*dial{}, routes: map[uuid.UUID]*route{}, dumping: make(chan struct{}, 1), large: make(chan struct{}, largeBodies)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.recovering.Store(cfg.StateDir != "")
+	s.recovering.Store(cfg.StateDir != "" || len(cfg.Peers) > 0)
+	for _, p := range cfg.Peers {
+		if CheckPeer(p) == nil && !slices.Contains(s.peers, strings.TrimSuffix(p, "/")) {
+			s.peers = append(s.peers, strings.TrimSuffix(p, "/"))
+		}
+	}
 	s.metrics = newMetrics(s)
 	s.bg.Go(s.expire)
 	if cfg.StateDir != "" && cfg.SaveEvery > 0 {

@@ -149,10 +149,14 @@ type Recovered struct {
 	Indexes   int // indexes restored from their snapshots
 	Pairs     int // (instance, block) pairs in them
 	Instances int // engines subscribed again, resuming where they stood
-	// Failed names the engines that could not be subscribed again: their
-	// blocks stay in the index until they are registered again or
-	// unregistered.
+	// Failed names what was not recovered: engines whose registration
+	// was refused, and the peers' errors when no peer's dump could be
+	// read.
 	Failed []string
+	// Peer is the peer the indexes were restored from (Config.Peers: a
+	// service with no saved state to recover), PeerEvents its events.
+	Peer       string
+	PeerEvents int
 }
 
 // Recover restores the state Close saved in Config.StateDir: every index
@@ -165,6 +169,25 @@ type Recovered struct {
 // with an error saying why, and the service stays empty.
 func (s *Service) Recover() (Recovered, error) {
 	defer s.recovering.Store(false)
+	rec, err := s.recoverState()
+	if err != nil || rec.Indexes > 0 || len(s.Peers()) == 0 {
+		return rec, err
+	}
+	if s.bus != nil {
+		rec.Failed = append(rec.Failed, "peers: not on a bus (the bus is the replication)")
+		return rec, nil
+	}
+	peer, n, perr := s.recoverFromPeers(s.ctx)
+	if perr != nil {
+		rec.Failed = append(rec.Failed, fmt.Sprintf("recovery from peers: %v", perr))
+		return rec, nil
+	}
+	rec.Peer, rec.PeerEvents = peer, n
+	return rec, nil
+}
+
+// recoverState is Recover's part from Config.StateDir.
+func (s *Service) recoverState() (Recovered, error) {
 	var rec Recovered
 	if s.cfg.StateDir == "" {
 		return rec, nil

@@ -66,6 +66,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	natsMaxAge := fs.Duration("nats-max-age", 0, "with -nats, keep each model's stream this long at most (0: for good; else at least 10 snapshot intervals, 10m)")
 	natsMaxBytes := fs.Int64("nats-max-bytes", 0, "with -nats, keep each model's stream to this many bytes at most (0: no bound)")
 	grace := fs.Duration("shutdown-grace", 10*time.Second, "on SIGTERM, how long requests in flight may take before their connections are cut")
+	peers := fs.String("peers", "", "other services indexing the same engines, http://host:port,...: started empty (no -state to recover), restore the indexes from the first whose /dump answers")
 	tiers := fs.Bool("tiers", false, "keep every tier (host, disk, external): queries answer tier_scores, /route weighs blocks by tier (default: the device only)")
 	if err := fs.Parse(args[1:]); errors.Is(err, flag.ErrHelp) {
 		return nil
@@ -89,12 +90,17 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 			return fmt.Errorf("-%s %v: want %s", c.flag, c.v, c.want)
 		}
 	}
+	for _, p := range splitList(*peers) {
+		if err := serve.CheckPeer(p); err != nil {
+			return fmt.Errorf("-peers: %w", err)
+		}
+	}
 	regs, err := parseWorkers(*workers, *model, *blockSize)
 	if err != nil {
 		return fmt.Errorf("-workers: %w", err)
 	}
 	cfg := serve.Config{Lanes: *lanes, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl,
-		SaveEvery: *saveEvery, Tiers: *tiers, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
+		SaveEvery: *saveEvery, Tiers: *tiers, Peers: splitList(*peers), OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
 	cfg.Subscriber.OnLoss = newLossLog(stderr, time.Second).log
 	auth, err := natsAuth(*natsCreds, *natsTokenFile, os.Getenv(natsTokenEnv))
 	if err != nil {
@@ -115,10 +121,15 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	switch rec, err := svc.Recover(); {
 	case err != nil:
 		fmt.Fprintf(stdout, "kvradix: the saved state was refused, starting empty: %v\n", err)
-	case rec.Indexes > 0 || rec.Instances > 0:
-		fmt.Fprintf(stdout, "kvradix: recovered %d indexes (%d pairs) and %d engines, resuming where they stood\n", rec.Indexes, rec.Pairs, rec.Instances)
+	default:
+		if rec.Indexes > 0 || rec.Instances > 0 {
+			fmt.Fprintf(stdout, "kvradix: recovered %d indexes (%d pairs) and %d engines, resuming where they stood\n", rec.Indexes, rec.Pairs, rec.Instances)
+		}
+		if rec.Peer != "" {
+			fmt.Fprintf(stdout, "kvradix: restored the indexes from peer %s (%d events)\n", rec.Peer, rec.PeerEvents)
+		}
 		for _, f := range rec.Failed {
-			fmt.Fprintf(stdout, "kvradix: not resubscribed: %s\n", f)
+			fmt.Fprintf(stdout, "kvradix: not recovered: %s\n", f)
 		}
 	}
 	for _, r := range regs {
@@ -277,4 +288,15 @@ func helpAsked(args []string) bool {
 		}
 	}
 	return false
+}
+
+// splitList splits a comma list, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
 }

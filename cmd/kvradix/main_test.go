@@ -195,6 +195,7 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "-lanes", "100000"}, "-lanes"},
 		{[]string{"serve", "-max-body", "-1"}, "-max-body"},
 		{[]string{"serve", "-block-size", "0"}, "-block-size"},
+		{[]string{"serve", "-peers", "http://a:1,ftp://b"}, "-peers"},
 		{[]string{"serve", "-block-size", "4294967312"}, "-block-size"},
 		{[]string{"serve", "-nats-token-file", "/nonexistent/token", "-nats", "nats://127.0.0.1:1"}, "-nats-token-file"},
 	} {

@@ -1,0 +1,114 @@
+package serve_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/kvradix/kvradix/serve"
+)
+
+// A service started empty with peers restores its indexes from the first
+// peer whose /dump reads whole: peers that fail, answer a bare list (an
+// older peer, no block size) or cut the dump midway are passed over and
+// leave nothing behind; the restored index equals the peer's, and the
+// service is ready after.
+func TestRecoverFromPeers(t *testing.T) {
+	e := newEngine(t, 7)
+	a := serve.New(serve.Config{})
+	defer a.Close()
+	tsA := httptest.NewServer(a.Handler())
+	defer tsA.Close()
+	e.register(t, a)
+	e.publish(t, 20)
+	e.caughtUp(t, tsA.URL, "the peer indexing the engine")
+
+	broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "down for maintenance", http.StatusInternalServerError)
+	}))
+	defer broken.Close()
+	older := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte(`{"m:default": [{"event_id": 1, "worker_id": 7, "data": {"cleared": null}}]}`))
+	}))
+	defer older.Close()
+	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		resp, err := http.Get(tsA.URL + "/dump")
+		if err != nil {
+			return
+		}
+		defer resp.Body.Close()
+		b := make([]byte, 300)
+		n, _ := resp.Body.Read(b)
+		w.Write(b[:n])
+	}))
+	defer cut.Close()
+
+	b := serve.New(serve.Config{Peers: []string{broken.URL, older.URL, cut.URL, tsA.URL + "/"}})
+	defer b.Close()
+	tsB := httptest.NewServer(b.Handler())
+	defer tsB.Close()
+	if ok, _ := b.Ready(); ok {
+		t.Fatal("ready before recovering from its peers")
+	}
+	rec, err := b.Recover()
+	if err != nil || rec.Peer != tsA.URL || rec.PeerEvents == 0 || len(rec.Failed) != 0 {
+		t.Fatalf("recovered %+v (%v)", rec, err)
+	}
+	if ok, why := b.Ready(); !ok {
+		t.Fatalf("not ready after recovering: %s", why)
+	}
+	if d := dumpHoldings(t, tsB.URL).Diff(dumpHoldings(t, tsA.URL)); d != "" {
+		t.Fatalf("the restored index differs from the peer's: %s", d)
+	}
+
+	// No peer reads whole: the service starts empty, saying why.
+	c := serve.New(serve.Config{Peers: []string{broken.URL, older.URL, cut.URL}})
+	defer c.Close()
+	rec, err = c.Recover()
+	if err != nil || rec.Peer != "" || len(rec.Failed) != 1 {
+		t.Fatalf("recovered %+v (%v)", rec, err)
+	}
+	for _, says := range []string{"500", "older peer", broken.URL, cut.URL} {
+		if !strings.Contains(rec.Failed[0], says) {
+			t.Errorf("the failure does not say %q: %s", says, rec.Failed[0])
+		}
+	}
+	tsC := httptest.NewServer(c.Handler())
+	defer tsC.Close()
+	var dump serve.Dump
+	if get(t, tsC.URL+"/dump", &dump); len(dump) != 0 {
+		t.Fatalf("a failed recovery left %v", dump)
+	}
+}
+
+// Peers are registered, listed and deregistered over HTTP, as Dynamo's
+// standalone indexer has them.
+func TestPeerEndpoints(t *testing.T) {
+	svc := serve.New(serve.Config{Peers: []string{"http://a:8090"}})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	var st map[string]string
+	if code := post(t, ts.URL+"/register_peer", serve.Peer{URL: "http://b:8090/"}, &st); code != http.StatusCreated || st["status"] != "ok" {
+		t.Fatalf("register_peer: %d %v", code, st)
+	}
+	post(t, ts.URL+"/register_peer", serve.Peer{URL: "http://b:8090"}, nil) // once only
+	var peers []string
+	if get(t, ts.URL+"/peers", &peers); !reflect.DeepEqual(peers, []string{"http://a:8090", "http://b:8090"}) {
+		t.Fatalf("peers %v", peers)
+	}
+	if code := post(t, ts.URL+"/register_peer", serve.Peer{URL: "ftp://c"}, &st); code != http.StatusBadRequest {
+		t.Fatalf("an ftp peer: %d", code)
+	}
+	if code := post(t, ts.URL+"/deregister_peer", serve.Peer{URL: "http://a:8090"}, nil); code != http.StatusOK {
+		t.Fatalf("deregister_peer: %d", code)
+	}
+	if code := post(t, ts.URL+"/deregister_peer", serve.Peer{URL: "http://a:8090"}, &st); code != http.StatusNotFound || st["error"] != "peer not found" {
+		t.Fatalf("deregistering it again: %d %v", code, st)
+	}
+	if get(t, ts.URL+"/peers", &peers); !reflect.DeepEqual(peers, []string{"http://b:8090"}) {
+		t.Fatalf("peers %v", peers)
+	}
+}
