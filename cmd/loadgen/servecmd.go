@@ -55,10 +55,11 @@ type serveConfig struct {
 	stretch  int
 	capacity int
 	cpuprof  string
+	sample   string
 }
 
 func (c *serveConfig) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.url, "url", "", "a running `kvradix serve` (default: start one in-process on loopback)")
+	fs.StringVar(&c.url, "url", "", "the base URL of a running kvradix serve, http://host:port (default: start one in-process on loopback)")
 	fs.StringVar(&c.token, "token", "", "the service's bearer token for /register (its -token)")
 	fs.IntVar(&c.engines, "engines", 4, "vLLM-compatible publishers to register, serving the trace's requests in turn")
 	fs.Float64Var(&c.rate, "rate", 5000, "queries per second offered, over all clients")
@@ -69,6 +70,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.capacity, "engine-blocks", 16384, "blocks each engine's prefix cache holds before evicting")
 	c.work.register(fs)
 	fs.StringVar(&c.cpuprof, "cpuprofile", "", "write a CPU profile of the timed part (service, engines and clients) to `file`")
+	fs.StringVar(&c.sample, "sample", "", "write a POST /query body for the trace's last prompt, whose blocks the service then holds, to `file` (for curl -d @file)")
 	c.out.register(fs)
 }
 
@@ -182,6 +184,9 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 		res.MatchedPct = 100 * float64(matched) / float64(hashes)
 	}
 	res.DumpEqual = c.dumpEquals(base, want)
+	if err := c.writeSample(reqs); err != nil {
+		return err
+	}
 	return c.out.write(stdout, res, func() {
 		fmt.Fprintf(stdout, "%s: %d engines served %d requests in %d batches in %.2fs (%.0f batches/s); %d queries of %.0f hashes (%.1f%% of them held) at %.0f/s (offered %.0f): p50 %.2f ms, p99 %.2f ms; %d errors; /dump equals the events: %v\n",
 			res.Trace, res.Engines, res.Requests, res.Batches, elapsed.Seconds(), res.BatchesPerS, res.Queries, res.HashesPerQ, res.MatchedPct, res.AchievedQPS, res.OfferedQPS, res.QueryP50Ms, res.QueryP99Ms, res.Errors, res.DumpEqual)
@@ -189,6 +194,19 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 		fmt.Fprintf(stdout, "BenchmarkServe/engines=%d 1 %.0f ns/op %.0f batches/s %.0f query-p50-ns %.0f query-p99-ns\n",
 			res.Engines, float64(elapsed.Nanoseconds()), res.BatchesPerS, res.QueryP50Ms*1e6, res.QueryP99Ms*1e6)
 	})
+}
+
+// writeSample writes -sample: the /query body of the last request's
+// prompt.
+func (c *serveConfig) writeSample(reqs []trace.Request) error {
+	if c.sample == "" || len(reqs) == 0 {
+		return nil
+	}
+	body, err := json.Marshal(serve.Query{ModelName: "trace", TokenIDs: trace.TokensOf(nil, reqs[len(reqs)-1], c.blockLen)})
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(c.sample, append(body, '\n'), 0o644)
 }
 
 // engineBatches deals the requests to the engines in turn and returns each

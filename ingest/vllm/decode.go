@@ -5,8 +5,34 @@
 // and counts every loss it cannot repair, and a vLLM-compatible publisher for
 // tests and load.
 //
-// The wire format is specified in the project's VLLM_EVENTS.md (shared/)
-// and pinned by the hand-derived vectors in testdata/.
+// # Wire format
+//
+// A live message is three ZeroMQ frames: the topic (UTF-8, empty when
+// none; llm-d's convention is kv@<pod>@<model>), an 8-byte big-endian
+// sequence number (0 per publisher process, +1 a batch, 0 again after a
+// restart) and a msgpack payload, one scheduler step's batch:
+//
+//   - the envelope is positional in every version, [ts float64, events,
+//     data_parallel_rank int|nil] (the first versions sent [ts, events]);
+//     vLLM's main branch wraps it in a map {ts, events, data_parallel_rank};
+//   - an event is a tagged array [tag, fields...] up to vLLM 0.23, with
+//     every field written, nils included, or since mid-2026 a map whose
+//     "type" key is the tag and whose nil optional fields are left out;
+//     unknown keys are ignored;
+//   - BlockStored carries block_hashes (uint64, or bytes), parent_block_hash
+//     (nil at the root), token_ids (block_size of them a block), block_size,
+//     lora_id, medium ("GPU" from the block pool, "CPU" and others from
+//     offload connectors), lora_name, extra_keys, group_idx and the KV cache
+//     spec; SGLang puts a metadata map (its cache_salt) where vLLM has
+//     lora_name. BlockRemoved carries block_hashes, medium and group_idx;
+//     AllBlocksCleared nothing.
+//
+// One publisher runs per data-parallel rank, its ports offset by the rank.
+// Its replay socket (a ROUTER) answers an 8-byte big-endian start sequence
+// with every batch it still holds from there, in order, then an end marker
+// (an all-ones sequence, or an empty last frame); newer vLLMs put the topic
+// before each replayed sequence. The hand-derived vectors in testdata/ pin
+// each shape.
 package vllm
 
 import (

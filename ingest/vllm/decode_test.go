@@ -44,7 +44,8 @@ func loadVectorFile(t testing.TB, file string) []vector {
 
 func ptr[T any](v T) *T { return &v }
 
-// The events the hand-derived vectors encode, per VLLM_EVENTS.md.
+// The events the hand-derived vectors encode (the package doc's wire
+// format).
 var wantEvents = map[string]Event{
 	"stored":  {Type: BlockStored, BlockHashes: []uint64{hashH}, ParentBlockHash: ptr[uint64](hashP), TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 4, Medium: "GPU", KVCacheSpecKind: "full_attention"},
 	"removed": {Type: BlockRemoved, BlockHashes: []uint64{hashH}, Medium: "GPU"},
