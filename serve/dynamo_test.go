@@ -58,13 +58,15 @@ func TestDynamoShapes(t *testing.T) {
 		t.Fatalf("register in model m2: %d", code)
 	}
 	waitActive(t, svc, 2)
+	worker := func(model, group string, bs int, ep string) serve.Worker {
+		return serve.Worker{InstanceID: 1, Source: "zmq", Status: "active", ModelName: model, RoutingGroup: group, BlockSize: bs,
+			Endpoints: map[string]string{"0": ep}, Listeners: map[string]serve.Listener{"0": {Endpoint: ep, Status: "active"}}}
+	}
+	m, m2 := worker("m", "g1", 16, pub.Addr()), worker("m2", "default", 32, pub2.Addr())
 	for query, want := range map[string][]serve.Worker{
-		"": {
-			{InstanceID: 1, Endpoints: map[string]string{"0": pub.Addr()}, ModelName: "m", RoutingGroup: "g1", BlockSize: 16, Status: "active"},
-			{InstanceID: 1, Endpoints: map[string]string{"0": pub2.Addr()}, ModelName: "m2", RoutingGroup: "default", BlockSize: 32, Status: "active"},
-		},
-		"?model_name=m&routing_group=g1": {{InstanceID: 1, Endpoints: map[string]string{"0": pub.Addr()}, ModelName: "m", RoutingGroup: "g1", BlockSize: 16, Status: "active"}},
-		"?model_name=m2":                 {{InstanceID: 1, Endpoints: map[string]string{"0": pub2.Addr()}, ModelName: "m2", RoutingGroup: "default", BlockSize: 32, Status: "active"}},
+		"":                               {m, m2},
+		"?model_name=m&routing_group=g1": {m},
+		"?model_name=m2":                 {m2},
 		"?routing_group=g2":              {},
 		"?model_name=nothing":            {},
 	} {

@@ -137,8 +137,8 @@ func TestEngineNotUpYet(t *testing.T) {
 		}
 		return w.Status == "failed"
 	})
-	if w.Error == "" {
-		t.Fatalf("a failed engine without its error: %+v", w)
+	if l := w.Listeners["0"]; l.Status != "failed" || l.LastError == "" || l.Endpoint != addr || w.Endpoints["0"] != addr {
+		t.Fatalf("a failed engine without its listener's error: %+v", w)
 	}
 	if ok, why := svc.Ready(); !ok {
 		t.Fatalf("not ready with only a failed engine: %s", why)

@@ -621,25 +621,36 @@ func (s *Service) firstDialsLocked() int {
 }
 
 // Worker is one registered instance of a model and routing group, as
-// GET /workers lists it: its endpoints by data-parallel rank, and its
-// status: "active" when a rank is subscribed to, else "pending" while a
-// first dial is in progress, else "failed" (its dials failed, Error says
-// how; they are retried).
+// GET /workers lists it (Dynamo's WorkerInfo): its endpoints and
+// listeners by data-parallel rank, and its status, its listeners' taken
+// together as Dynamo takes them: "failed" if one is (its dials failed;
+// they are retried), else "pending" if one's first dial is in progress,
+// else "active".
 type Worker struct {
-	InstanceID   uint64            `json:"instance_id"`
-	Endpoints    map[string]string `json:"endpoints"` // by data-parallel rank
-	ModelName    string            `json:"model_name"`
-	RoutingGroup string            `json:"routing_group"`
-	BlockSize    int               `json:"block_size"`
-	Status       string            `json:"status"`
-	Error        string            `json:"error,omitempty"` // the last dial's failure, while failed
+	InstanceID   uint64              `json:"instance_id"`
+	Source       string              `json:"source"` // "zmq"
+	Status       string              `json:"status"`
+	ModelName    string              `json:"model_name"`
+	RoutingGroup string              `json:"routing_group"`
+	BlockSize    int                 `json:"block_size"`
+	Endpoints    map[string]string   `json:"endpoints"` // by data-parallel rank
+	Listeners    map[string]Listener `json:"listeners"` // by data-parallel rank
 }
 
-// statusRank orders statuses: an instance shows its best rank's.
-var statusRank = map[string]int{"failed": 0, "pending": 1, "active": 2}
+// Listener is one rank's subscription: its endpoint, status (active,
+// pending or failed) and, failed, the last dial's error.
+type Listener struct {
+	Endpoint  string `json:"endpoint"`
+	Status    string `json:"status"`
+	LastError string `json:"last_error,omitempty"`
+}
 
-// Workers lists the instances registered or being registered, by model,
-// routing group and id; a non-empty model or group keeps only theirs.
+// statusRank orders statuses: an instance shows its worst rank's, as
+// Dynamo aggregates them.
+var statusRank = map[string]int{"active": 0, "pending": 1, "failed": 2}
+
+// Workers lists the instances registered, by model, routing group and id;
+// a non-empty model or group keeps only theirs.
 func (s *Service) Workers(model, group string) []Worker {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -648,40 +659,35 @@ func (s *Service) Workers(model, group string) []Worker {
 		instance kvevent.WorkerID
 	}
 	byKey := map[key]*Worker{}
-	add := func(ik instanceKey, status string) *Worker {
+	add := func(ik instanceKey, endpoint string, l Listener) {
 		if model != "" && ik.model != model || group != "" && ik.tenant != group {
-			return nil
+			return
 		}
 		k := key{ik.modelKey, ik.instance}
 		w := byKey[k]
 		if w == nil {
-			w = &Worker{InstanceID: uint64(ik.instance), Endpoints: map[string]string{}, ModelName: ik.model, RoutingGroup: ik.tenant, Status: status}
+			w = &Worker{InstanceID: uint64(ik.instance), Source: "zmq", Status: l.Status, ModelName: ik.model, RoutingGroup: ik.tenant,
+				Endpoints: map[string]string{}, Listeners: map[string]Listener{}}
 			if idx := s.indexes[ik.modelKey]; idx != nil {
 				w.BlockSize = idx.blockSize
 			}
 			byKey[k] = w
 		}
-		if statusRank[status] > statusRank[w.Status] {
-			w.Status = status
+		if statusRank[l.Status] > statusRank[w.Status] {
+			w.Status = l.Status
 		}
-		return w
+		rank := fmt.Sprint(ik.rank)
+		w.Endpoints[rank], w.Listeners[rank] = endpoint, l
 	}
 	for ik, d := range s.pending {
-		if d.err == nil {
-			add(ik, "pending")
-		} else if w := add(ik, "failed"); w != nil {
-			w.Error = d.err.Error()
+		l := Listener{Endpoint: d.reg.Endpoint, Status: "pending"}
+		if d.err != nil {
+			l.Status, l.LastError = "failed", d.err.Error()
 		}
+		add(ik, d.reg.Endpoint, l)
 	}
 	for ik, inst := range s.instances {
-		if w := add(ik, "active"); w != nil {
-			w.Endpoints[fmt.Sprint(ik.rank)] = inst.reg.Endpoint
-		}
-	}
-	for _, w := range byKey {
-		if w.Status != "failed" {
-			w.Error = ""
-		}
+		add(ik, inst.reg.Endpoint, Listener{Endpoint: inst.reg.Endpoint, Status: "active"})
 	}
 	out := make([]Worker, 0, len(byKey))
 	for _, w := range byKey {
