@@ -22,7 +22,7 @@
 //	POST /requests/{id}/first_token, /requests/{id}/complete
 //	POST /register_peer   {url}; POST /deregister_peer {url}; GET /peers (see peers.go)
 //	GET  /health
-//	GET  /ready           200 once the saved state is recovered and no engine's first dial is in progress, else 503 saying why
+//	GET  /ready           200 once the saved state is recovered and every engine is caught up or failed, else 503 saying why
 //	GET  /metrics         Prometheus: events, gaps and losses per engine, query and route latency, hit rate, routes per instance, saves
 //
 // Queries answer {"scores": {"<instance>": {"<rank>": matched tokens}},
@@ -589,9 +589,10 @@ func (s *Service) registered(key instanceKey) bool {
 }
 
 // Ready reports whether the service serves all it is going to: its saved
-// state recovered (with Config.StateDir), no engine's first dial still in
-// progress (an engine whose dial failed is retried, and does not hold
-// readiness back), and not closed; if not, why.
+// state recovered (with Config.StateDir) or its peer's dump applied, every
+// registered engine either caught up (subscribed to, and what it published
+// since the saved state replayed) or failed (its dials are retried; it
+// does not hold readiness back), and not closed; if not, why.
 func (s *Service) Ready() (bool, string) {
 	if s.recovering.Load() {
 		return false, "recovering the saved state"
@@ -604,6 +605,15 @@ func (s *Service) Ready() (bool, string) {
 	}
 	if n := s.firstDialsLocked(); n > 0 {
 		return false, fmt.Sprintf("%d engines being dialled for the first time", n)
+	}
+	catching := 0
+	for _, inst := range s.instances {
+		if !inst.sub.CaughtUp() {
+			catching++
+		}
+	}
+	if catching > 0 {
+		return false, fmt.Sprintf("%d engines replaying what they published since the saved state", catching)
 	}
 	return true, ""
 }

@@ -249,6 +249,15 @@ func TestRestartRecovers(t *testing.T) {
 	if err != nil || rec.Indexes != 1 || rec.Instances != 1 || rec.Pairs == 0 || len(rec.Failed) != 0 {
 		t.Fatalf("recovered %+v (%v)", rec, err)
 	}
+	// Ready means caught up: what the engine published while no service
+	// ran is in the index, though it has published nothing since.
+	testwait.For(t, "ready", func() bool { ok, _ := svc.Ready(); return ok })
+	e.mu.Lock()
+	d := dumpHoldings(t, ts.URL).Diff(e.want)
+	e.mu.Unlock()
+	if d != "" {
+		t.Fatalf("ready, but not caught up: %s", d)
+	}
 	e.caughtUp(t, ts.URL, "the restarted service to catch up")
 	// It resumed where the first stood: it replayed the batches published
 	// while it was down (and the empty ones), not the engine's whole ring.

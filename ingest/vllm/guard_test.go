@@ -643,6 +643,31 @@ func TestResumeAt(t *testing.T) {
 	}
 }
 
+// A subscriber resumed from a saved position catches up from the engine's
+// ring at once, before the engine publishes again (an idle engine's last
+// batches were applied only with its next one), and says so (CaughtUp).
+func TestCatchUpWithoutANewBatch(t *testing.T) {
+	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m", BufferSteps: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	for i := range 20 {
+		if _, err := pub.Publish([]Event{storedEvent(uint64(i + 1))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub, _, err := newTestSubscriber(t, SubscriberConfig{}, Endpoint{Worker: 1, Address: pub.Addr(), Replay: pub.ReplayAddr(), Topic: "kv@e@", ResumeAt: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	testwait.For(t, "caught up", sub.CaughtUp)
+	if st := sub.Stats(); st.Replayed != 4 || st.GapsRepaired != 1 || st.ResumesCleared != 0 || sub.Received()[0] != 20 {
+		t.Fatalf("caught up at %v: %+v", sub.Received(), st)
+	}
+}
+
 // waitSubscribed publishes empty batches until sub has seen one of them (or
 // the gap their sequence numbers open), so that later publishes reach it.
 func waitSubscribed(t *testing.T, pub *Publisher, sub *Subscriber) {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"strings"
@@ -178,7 +179,8 @@ type endpoint struct {
 	recent   [256]applied // the latest batches applied, by seq mod 256: duplicates are recognised
 	holes    bool         // the current repair lost batches
 	rank     kvevent.DPRank
-	resuming bool // ResumeAt was given and no message has come yet
+	resuming bool        // ResumeAt was given and its stream not repaired from there yet
+	caughtUp atomic.Bool // see catchUp
 
 	ranksMu   sync.Mutex
 	ranks     map[kvevent.DPRank]bool // the registered rank, and every rank its batches named
@@ -413,6 +415,7 @@ func (b *byteBudget) wake() {
 func (s *Subscriber) process(e *endpoint) {
 	defer s.wg.Done()
 	defer close(e.stopped)
+	s.catchUp(e)
 	for {
 		select {
 		case msg, ok := <-e.msgs:
@@ -443,6 +446,60 @@ func (s *Subscriber) process(e *endpoint) {
 			}
 		}
 	}
+}
+
+// catchUp, for an endpoint resumed from a saved position (ResumeAt) with
+// a replay endpoint, replays what the engine published since, before any
+// live message: the index catches up without waiting for the engine's
+// next batch, which an idle engine may not send for long. The endpoint is
+// then caught up (CaughtUp); one with nothing to resume, or no ring to
+// ask, is at once (a ring that cannot be reached now is asked again on the
+// first live message).
+func (s *Subscriber) catchUp(e *endpoint) {
+	defer e.caughtUp.Store(true)
+	if !e.resuming || e.cfg.Replay == "" {
+		return
+	}
+	e.holes = false
+	from := e.expected
+	s.replay(e, from, math.MaxUint64)
+	if e.expected == from && !e.holes {
+		return // nothing since, or the ring unreachable: the first live message resumes
+	}
+	// A repair, counted as one.
+	s.c.gaps.Add(1)
+	if e.holes {
+		s.c.lost.Add(1)
+	} else {
+		s.c.repaired.Add(1)
+	}
+	s.resumed(e)
+}
+
+// resumed ends an endpoint's resumption from its saved position, once its
+// stream has been repaired from there: if the repair lost batches, what
+// the saved state held of the engine is stale past repair, and is
+// forgotten rather than kept.
+func (s *Subscriber) resumed(e *endpoint) {
+	if !e.resuming {
+		return
+	}
+	e.resuming = false
+	if e.holes {
+		s.c.resumesCleared.Add(1)
+		s.apply(e, []kvevent.RouterEvent{{WorkerID: e.cfg.Worker, Event: kvevent.Event{DPRank: e.rank, Data: kvevent.Cleared{}}}})
+	}
+}
+
+// CaughtUp reports whether every endpoint resumed from a saved position
+// has replayed what its engine published since (see catchUp).
+func (s *Subscriber) CaughtUp() bool {
+	for _, e := range s.eps {
+		if !e.caughtUp.Load() {
+			return false
+		}
+	}
+	return true
 }
 
 // Pause stops applying, between two messages of every endpoint (a gap
@@ -528,15 +585,7 @@ func (s *Subscriber) handle(e *endpoint, msg zmq4.Msg) {
 	if seq > e.expected {
 		s.repair(e, e.expected, seq)
 	}
-	if e.resuming {
-		e.resuming = false
-		if e.holes {
-			// What the saved state held of this engine is stale past what
-			// could be repaired: forget it rather than keep it.
-			s.c.resumesCleared.Add(1)
-			s.apply(e, []kvevent.RouterEvent{{WorkerID: e.cfg.Worker, Event: kvevent.Event{DPRank: e.rank, Data: kvevent.Cleared{}}}})
-		}
-	}
+	s.resumed(e)
 	s.applyBatch(e, seq, payload)
 	s.c.batches.Add(1)
 }
