@@ -232,17 +232,7 @@ func dumpHoldings(t *testing.T, url string) holdings.Set {
 func TestRestartRecovers(t *testing.T) {
 	dir := t.TempDir()
 	e := newEngine(t, 7)
-	svc, ts, _, err := startIn(dir, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.register(t, svc)
-	e.publish(t, 20)
-	e.caughtUp(t, ts.URL, "the first service to index every batch")
-	ts.Close()
-	if err := svc.Close(); err != nil {
-		t.Fatal(err)
-	}
+	savedWith(t, dir, e, 20)
 
 	e.publish(t, 10) // while no service runs
 	svc, ts, rec, err := startIn(dir, 0)
@@ -361,6 +351,24 @@ func (e *engine) caughtUp(t *testing.T, url, what string) {
 	})
 }
 
+// savedWith runs a service on the state directory while engine e
+// publishes n batches into it, and closes it once it has indexed them all
+// (saving its state).
+func savedWith(t *testing.T, dir string, e *engine, n int) {
+	t.Helper()
+	svc, ts, _, err := startIn(dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.register(t, svc)
+	e.publish(t, n)
+	e.caughtUp(t, ts.URL, "the first service to index every batch")
+	ts.Close()
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // startIn starts a service on the state directory, recovering from it.
 func startIn(dir string, every time.Duration) (*serve.Service, *httptest.Server, serve.Recovered, error) {
 	svc := serve.New(serve.Config{StateDir: dir, SaveEvery: every})
@@ -375,17 +383,7 @@ func startIn(dir string, every time.Duration) (*serve.Service, *httptest.Server,
 func TestRestartWithEnginesGone(t *testing.T) {
 	dir := t.TempDir()
 	e := newEngine(t, 7)
-	svc, ts, _, err := startIn(dir, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.register(t, svc)
-	e.publish(t, 5)
-	e.caughtUp(t, ts.URL, "the engine's batches")
-	ts.Close()
-	if err := svc.Close(); err != nil {
-		t.Fatal(err)
-	}
+	savedWith(t, dir, e, 5)
 	e.pub.Close()
 
 	start := time.Now()

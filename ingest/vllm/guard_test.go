@@ -613,16 +613,7 @@ func TestHostileConnectionsAreBounded(t *testing.T) {
 // engine's ring still holds it; when the ring no longer reaches back that
 // far, the worker's blocks are cleared (stale) and counted.
 func TestResumeAt(t *testing.T) {
-	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m", BufferSteps: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	for i := range 20 {
-		if _, err := pub.Publish([]Event{storedEvent(uint64(i + 1))}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pub := ringOf20(t)
 	for _, tc := range []struct {
 		resumeAt uint64
 		cleared  uint64
@@ -643,20 +634,28 @@ func TestResumeAt(t *testing.T) {
 	}
 }
 
-// A subscriber resumed from a saved position catches up from the engine's
-// ring at once, before the engine publishes again (an idle engine's last
-// batches were applied only with its next one), and says so (CaughtUp).
-func TestCatchUpWithoutANewBatch(t *testing.T) {
+// ringOf20 is a publisher that has published 20 batches, a store each, of
+// which its replay ring holds the last 8.
+func ringOf20(t *testing.T) *Publisher {
+	t.Helper()
 	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m", BufferSteps: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pub.Close()
+	t.Cleanup(func() { pub.Close() })
 	for i := range 20 {
 		if _, err := pub.Publish([]Event{storedEvent(uint64(i + 1))}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return pub
+}
+
+// A subscriber resumed from a saved position catches up from the engine's
+// ring at once, before the engine publishes again (an idle engine's last
+// batches were applied only with its next one), and says so (CaughtUp).
+func TestCatchUpWithoutANewBatch(t *testing.T) {
+	pub := ringOf20(t)
 	sub, _, err := newTestSubscriber(t, SubscriberConfig{}, Endpoint{Worker: 1, Address: pub.Addr(), Replay: pub.ReplayAddr(), Topic: "kv@e@", ResumeAt: 16})
 	if err != nil {
 		t.Fatal(err)
