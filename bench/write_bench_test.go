@@ -2,7 +2,10 @@ package bench
 
 import (
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 
@@ -118,4 +121,58 @@ func tail(b *testing.B, newIndex func() radix.Index, remove bool, run int) {
 		i++
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/block")
+}
+
+// BenchmarkEvictBatch is eviction as engines batch it under load: the
+// whole trace stored (16 workers), then every block each worker holds
+// removed in events of batch=N hashes, in a shuffled order (an LRU evicts
+// far from storing order), so that each hash's lookup is a cache miss.
+// ns/block is per removed block.
+func BenchmarkEvictBatch(b *testing.B) {
+	reqs, _ := shapedWorkload(b)
+	held := map[kvevent.WorkerID]map[uint64]bool{}
+	for _, r := range reqs {
+		w := r.store.WorkerID
+		if held[w] == nil {
+			held[w] = map[uint64]bool{}
+		}
+		for _, blk := range r.store.Event.Data.(kvevent.Stored).Blocks {
+			held[w][blk.BlockHash] = true
+		}
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, batch := range []int{1, 64, 512} {
+		var removals []kvevent.RouterEvent
+		blocks := 0
+		for w := range kvevent.WorkerID(shapedWorkers) {
+			hs := slices.Collect(maps.Keys(held[w]))
+			slices.Sort(hs)
+			rng.Shuffle(len(hs), func(i, j int) { hs[i], hs[j] = hs[j], hs[i] })
+			blocks += len(hs)
+			for len(hs) > 0 {
+				n := min(batch, len(hs))
+				removals = append(removals, kvevent.RouterEvent{WorkerID: w, Event: kvevent.Event{Data: kvevent.Removed{BlockHashes: hs[:n]}}})
+				hs = hs[n:]
+			}
+		}
+		b.Run(fmt.Sprintf("impl=compressed/batch=%d", batch), func(b *testing.B) {
+			for b.Loop() {
+				b.StopTimer()
+				idx := radix.NewCompressedTree()
+				for _, r := range reqs {
+					if err := idx.Apply(r.store); err != nil {
+						b.Fatal(err)
+					}
+				}
+				runtime.GC()
+				b.StartTimer()
+				for _, ev := range removals {
+					if err := idx.Apply(ev); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(blocks), "ns/block")
+		})
+	}
 }

@@ -174,6 +174,20 @@ func (c *chainTable) peek(h uint64) uint64 {
 	return atomic.LoadUint64(&s.slots[i])
 }
 
+// peekKey loads the engine hash of the block h's home slot names, if its
+// fingerprint is h's (after peek has loaded the slot, so that the loads of
+// several hashes' keys overlap); it returns what it loaded.
+func (c *chainTable) peekKey(h uint64) uint64 {
+	fp := fingerprint(h)
+	s := c.segment(fp)
+	v := atomic.LoadUint64(&s.slots[s.home(fp)])
+	if v == 0 || v == chainTomb || slotFP(v) != fp {
+		return v
+	}
+	k, _ := c.keyOf(decode(v))
+	return k
+}
+
 // probe looks for h in s: its location if found, else the first empty
 // slot (-1 if none).
 func (c *chainTable) probe(s *chainSeg, h, fp uint64) (loc uint64, empty int, found bool) {

@@ -21,16 +21,20 @@ func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
 	}
 	missing := 0
 	l := leaver{t: t, xw: xw}
-	for _, h := range hashes {
-		loc, own, ok := t.nameOf(xw, h)
-		if !ok {
-			missing++
-			continue
+	for from := 0; from < len(hashes); from += peekAhead {
+		chunk := hashes[from:min(from+peekAhead, len(hashes))]
+		l.peek(chunk)
+		for _, h := range chunk {
+			loc, own, ok := t.nameOf(xw, h)
+			if !ok {
+				missing++
+				continue
+			}
+			if !own {
+				delete(xw.xnames, h)
+			}
+			l.unname(loc, own)
 		}
-		if !own {
-			delete(xw.xnames, h)
-		}
-		l.unname(loc, own)
 	}
 	l.release()
 	t.addSize(xw, -l.left)
@@ -88,8 +92,25 @@ func (r *crun) setHolders(hs []holder) {
 type leaver struct {
 	t    *CompressedTree
 	xw   *xworker
-	r    *crun // locked, or nil
-	left int   // blocks the worker left
+	r    *crun  // locked, or nil
+	left int    // blocks the worker left
+	sink uint64 // what peek loaded, kept so the loads are not optimised away
+}
+
+// peek loads, for a chunk of hashes about to be removed, their home slots
+// in the engine-hash table and then the engine hashes those slots name,
+// so that the cache misses of the chunk's lookups overlap instead of
+// following one another (they were four fifths of a shuffled removal).
+func (l *leaver) peek(hs []uint64) {
+	if len(hs) < 2 {
+		return
+	}
+	for _, h := range hs {
+		l.sink += l.t.chain.peek(h)
+	}
+	for _, h := range hs {
+		l.sink += l.t.chain.peekKey(h)
+	}
 }
 
 // unname drops one name of the worker for the block at loc: its own hash
