@@ -56,9 +56,12 @@ func Run(c *Corpus, idx shardpool.Indexer, im shardpool.Impl, p Protocol, stop <
 	})
 	parts := c.partition(p.Issuers)
 	requests := c.Totals().Requests
+	// Every lane can queue every query: a query goes to the lane of its
+	// position, which need not spread them evenly, and an issuer must never
+	// wait on a lane.
 	s.lanes = make([]chan queued, p.QueryLanes)
 	for i := range s.lanes {
-		s.lanes[i] = make(chan queued, int(requests)/p.QueryLanes+1)
+		s.lanes[i] = make(chan queued, int(requests)+1)
 	}
 	s.feeders = make([]*feeder, len(parts))
 	var lanes, feeders, issuers sync.WaitGroup
