@@ -392,7 +392,11 @@ func (t *CompressedTree) Apply(ev kvevent.RouterEvent) error {
 func (t *CompressedTree) ApplyBatch(evs []kvevent.RouterEvent, errs []error) {
 	t.ready()
 	var held *writerStripe
+	peeked := 0
 	for i, ev := range evs {
+		if i == peeked {
+			peeked = t.peekRemovals(evs, i)
+		}
 		if st := t.stripe(ev.WorkerID); st != held {
 			if held != nil {
 				held.mu.Unlock()
@@ -405,6 +409,34 @@ func (t *CompressedTree) ApplyBatch(evs []kvevent.RouterEvent, errs []error) {
 	if held != nil {
 		held.mu.Unlock()
 	}
+}
+
+// peekRemovals loads, for the single-hash removals among the next
+// peekAhead events from evs[from] (vLLM sends one BlockRemoved a hash),
+// their home slots in the engine-hash table, then the engine hashes those
+// slots name, so that their lookups' cache misses overlap as a batched
+// removal's do (see leaver.peek); it returns where it stopped. The loads
+// are atomic, so not optimised away.
+func (t *CompressedTree) peekRemovals(evs []kvevent.RouterEvent, from int) int {
+	to := min(from+peekAhead, len(evs))
+	var hs [peekAhead]uint64
+	n := 0
+	for _, ev := range evs[from:to] {
+		if d, ok := ev.Event.Data.(kvevent.Removed); ok && len(d.BlockHashes) == 1 {
+			hs[n] = d.BlockHashes[0]
+			n++
+		}
+	}
+	if n < 2 {
+		return to
+	}
+	for _, h := range hs[:n] {
+		t.chain.peek(h)
+	}
+	for _, h := range hs[:n] {
+		t.chain.peekKey(h)
+	}
+	return to
 }
 
 // apply applies one event; an event of a tier other than the device's goes
