@@ -149,23 +149,7 @@ func samplePoints(n, k int) []int {
 // membershipsAt runs the set model over c and returns, for each point,
 // the memberships and unique blocks it holds after that many operations.
 func membershipsAt(c *Corpus, points []int) []MemorySample {
-	type member struct {
-		w    kvevent.Worker
-		hash uint64
-	}
-	held := map[member]struct{}{}
-	blocks := map[uint64]int{} // block hash: how many workers hold it
-	byWorker := map[kvevent.Worker]map[uint64]struct{}{}
-	drop := func(m member) {
-		if _, ok := held[m]; !ok {
-			return
-		}
-		delete(held, m)
-		delete(byWorker[m.w], m.hash)
-		if blocks[m.hash]--; blocks[m.hash] == 0 {
-			delete(blocks, m.hash)
-		}
-	}
+	var m setModel
 	out := make([]MemorySample, len(points))
 	var events, queries int
 	next := 0
@@ -177,34 +161,57 @@ func membershipsAt(c *Corpus, points []int) []MemorySample {
 				continue
 			}
 			events++
-			w := kvevent.Worker{ID: op.Worker, DPRank: op.Event.DPRank}
-			switch d := op.Event.Data.(type) {
-			case kvevent.Stored:
-				for _, b := range d.Blocks {
-					m := member{w, b.BlockHash}
-					if _, ok := held[m]; ok {
-						continue
-					}
-					held[m] = struct{}{}
-					blocks[b.BlockHash]++
-					if byWorker[w] == nil {
-						byWorker[w] = map[uint64]struct{}{}
-					}
-					byWorker[w][b.BlockHash] = struct{}{}
-				}
-			case kvevent.Removed:
-				for _, h := range d.BlockHashes {
-					drop(member{w, h})
-				}
-			case kvevent.Cleared:
-				for h := range byWorker[w] {
-					drop(member{w, h})
-				}
-			}
+			m.apply(kvevent.Worker{ID: op.Worker, DPRank: op.Event.DPRank}, op.Event.Data)
 		}
-		out[k] = MemorySample{At: at, Events: events, Queries: queries, Memberships: len(held), UniqueBlocks: len(blocks)}
+		out[k] = MemorySample{At: at, Events: events, Queries: queries, Memberships: m.members, UniqueBlocks: len(m.holders)}
 	}
 	return out
+}
+
+// setModel is what each worker holds as a set of block hashes, and how
+// many workers hold each hash.
+type setModel struct {
+	held    map[kvevent.Worker]map[uint64]struct{}
+	holders map[uint64]int
+	members int // (worker, hash) pairs held
+}
+
+func (m *setModel) apply(w kvevent.Worker, data kvevent.Data) {
+	if m.held == nil {
+		m.held, m.holders = map[kvevent.Worker]map[uint64]struct{}{}, map[uint64]int{}
+	}
+	switch d := data.(type) {
+	case kvevent.Stored:
+		if m.held[w] == nil {
+			m.held[w] = map[uint64]struct{}{}
+		}
+		for _, b := range d.Blocks {
+			if _, ok := m.held[w][b.BlockHash]; !ok {
+				m.held[w][b.BlockHash] = struct{}{}
+				m.holders[b.BlockHash]++
+				m.members++
+			}
+		}
+	case kvevent.Removed:
+		for _, h := range d.BlockHashes {
+			m.drop(w, h)
+		}
+	case kvevent.Cleared:
+		for h := range m.held[w] {
+			m.drop(w, h)
+		}
+	}
+}
+
+func (m *setModel) drop(w kvevent.Worker, h uint64) {
+	if _, ok := m.held[w][h]; !ok {
+		return
+	}
+	delete(m.held[w], h)
+	m.members--
+	if m.holders[h]--; m.holders[h] == 0 {
+		delete(m.holders, h)
+	}
 }
 
 // liveHeap is the live heap in bytes after two collections.

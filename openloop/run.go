@@ -55,13 +55,13 @@ func Run(c *Corpus, idx shardpool.Indexer, im shardpool.Impl, p Protocol, stop <
 		}
 	})
 	parts := c.partition(p.Issuers)
-	requests := c.Totals().Requests
+	s.totals = c.Totals()
 	// Every lane can queue every query: a query goes to the lane of its
 	// position, which need not spread them evenly, and an issuer must never
 	// wait on a lane.
 	s.lanes = make([]chan queued, p.QueryLanes)
 	for i := range s.lanes {
-		s.lanes[i] = make(chan queued, int(requests)+1)
+		s.lanes[i] = make(chan queued, int(s.totals.Requests)+1)
 	}
 	s.feeders = make([]*feeder, len(parts))
 	var lanes, feeders, issuers sync.WaitGroup
@@ -107,6 +107,7 @@ type stopState struct {
 // own slices (and distinct elements of the shared ones).
 type runState struct {
 	c          *Corpus
+	totals     Totals
 	idx        shardpool.Indexer
 	start      time.Time
 	stop       <-chan struct{}
@@ -345,7 +346,7 @@ func (s *runState) result(im shardpool.Impl, before runtime.MemStats, st stopSta
 		Index:          im.Name, Lanes: im.Lanes, ElapsedNs: st.end, Pairs: stats.Pairs, RejectedEvents: stats.Rejected(),
 		Interrupted: !issuedAll,
 	}
-	r.SetTotals(c.Totals(), window)
+	r.SetTotals(s.totals, window)
 	if r.TotalEvents > 0 {
 		r.EventsQueuedFraction = float64(st.events) / float64(r.TotalEvents)
 	}

@@ -174,18 +174,22 @@ func (c *chainTable) peek(h uint64) uint64 {
 	return atomic.LoadUint64(&s.slots[i])
 }
 
-// peekKey loads the engine hash of the block h's home slot names, if its
-// fingerprint is h's (after peek has loaded the slot, so that the loads of
-// several hashes' keys overlap); it returns what it loaded.
-func (c *chainTable) peekKey(h uint64) uint64 {
-	fp := fingerprint(h)
-	s := c.segment(fp)
-	v := atomic.LoadUint64(&s.slots[s.home(fp)])
-	if v == 0 || v == chainTomb || slotFP(v) != fp {
-		return v
+// prefetch loads, for hashes about to be looked up, their home slots, then
+// the engine hashes of the blocks those slots name where the fingerprint
+// is theirs, so that the lookups' cache misses overlap instead of following
+// one another. The loads are atomic, or through keyOf, so not optimised
+// away.
+func (c *chainTable) prefetch(hs []uint64) {
+	for _, h := range hs {
+		c.peek(h)
 	}
-	k, _ := c.keyOf(decode(v))
-	return k
+	for _, h := range hs {
+		fp := fingerprint(h)
+		s := c.segment(fp)
+		if v := atomic.LoadUint64(&s.slots[s.home(fp)]); v != 0 && v != chainTomb && slotFP(v) == fp {
+			c.keyOf(decode(v))
+		}
+	}
 }
 
 // probe looks for h in s: its location if found, else the first empty

@@ -411,12 +411,10 @@ func (t *CompressedTree) ApplyBatch(evs []kvevent.RouterEvent, errs []error) {
 	}
 }
 
-// peekRemovals loads, for the single-hash removals among the next
-// peekAhead events from evs[from] (vLLM sends one BlockRemoved a hash),
-// their home slots in the engine-hash table, then the engine hashes those
-// slots name, so that their lookups' cache misses overlap as a batched
-// removal's do (see leaver.peek); it returns where it stopped. The loads
-// are atomic, so not optimised away.
+// peekRemovals prefetches the lookups of the single-hash removals among
+// the next peekAhead events from evs[from] (vLLM sends one BlockRemoved a
+// hash), as a batched removal prefetches its own (see remove); it returns
+// where it stopped.
 func (t *CompressedTree) peekRemovals(evs []kvevent.RouterEvent, from int) int {
 	to := min(from+peekAhead, len(evs))
 	var hs [peekAhead]uint64
@@ -427,14 +425,8 @@ func (t *CompressedTree) peekRemovals(evs []kvevent.RouterEvent, from int) int {
 			n++
 		}
 	}
-	if n < 2 {
-		return to
-	}
-	for _, h := range hs[:n] {
-		t.chain.peek(h)
-	}
-	for _, h := range hs[:n] {
-		t.chain.peekKey(h)
+	if n > 1 {
+		t.chain.prefetch(hs[:n])
 	}
 	return to
 }

@@ -48,8 +48,8 @@ func (s *Service) Handler() http.Handler {
 		}
 		reply(w, http.StatusOK, s.Workers(q.Get("model_name"), group))
 	})
-	mux.HandleFunc("POST /register_peer", s.guarded(s.registerPeer))
-	mux.HandleFunc("POST /deregister_peer", s.guarded(s.deregisterPeer))
+	mux.HandleFunc("POST /register_peer", s.guarded(s.peerChange(s.RegisterPeer, http.StatusCreated)))
+	mux.HandleFunc("POST /deregister_peer", s.guarded(s.peerChange(s.DeregisterPeer, http.StatusOK)))
 	mux.HandleFunc("GET /peers", func(w http.ResponseWriter, _ *http.Request) { reply(w, http.StatusOK, s.Peers()) })
 	mux.HandleFunc("POST /route", s.guarded(s.route))
 	mux.HandleFunc("POST /requests/{id}/first_token", s.guarded(s.release(false)))
@@ -150,28 +150,20 @@ type Peer struct {
 	URL string `json:"url"`
 }
 
-func (s *Service) registerPeer(w http.ResponseWriter, r *http.Request) {
-	var p Peer
-	if !s.decode(w, r, &p) {
-		return
+// peerChange serves /register_peer or /deregister_peer: change applied
+// to the body's url, answered with code.
+func (s *Service) peerChange(change func(url string) error, code int) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var p Peer
+		if !s.decode(w, r, &p) {
+			return
+		}
+		if err := change(p.URL); err != nil {
+			fail(w, status(err), err)
+			return
+		}
+		reply(w, code, map[string]string{"status": "ok"})
 	}
-	if err := s.RegisterPeer(p.URL); err != nil {
-		fail(w, status(err), err)
-		return
-	}
-	reply(w, http.StatusCreated, map[string]string{"status": "ok"})
-}
-
-func (s *Service) deregisterPeer(w http.ResponseWriter, r *http.Request) {
-	var p Peer
-	if !s.decode(w, r, &p) {
-		return
-	}
-	if err := s.DeregisterPeer(p.URL); err != nil {
-		fail(w, status(err), err)
-		return
-	}
-	reply(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 // tenantOr names the default tenant for "".

@@ -154,11 +154,10 @@ func (s *Service) adopt(built map[modelKey]*index) error {
 // parseIndexName reads "model:routing group", a dump's key.
 func parseIndexName(name string, blockSize int) (modelKey, error) {
 	model, group, ok := strings.Cut(name, ":")
-	r := Registration{ModelName: model, TenantID: group, BlockSize: blockSize, Endpoint: "tcp://peer:0"}
 	if !ok || group == "" {
 		return modelKey{}, fmt.Errorf("index %q: want \"model:routing group\"", name)
 	}
-	if err := r.check(); err != nil {
+	if err := checkIndex(model, group, blockSize); err != nil {
 		return modelKey{}, fmt.Errorf("index %q: %w", name, err)
 	}
 	return modelKey{model, group}, nil

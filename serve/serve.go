@@ -50,7 +50,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -242,9 +241,7 @@ func New(cfg Config) *Service {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.recovering.Store(cfg.StateDir != "" || len(cfg.Peers) > 0)
 	for _, p := range cfg.Peers {
-		if CheckPeer(p) == nil && !slices.Contains(s.peers, strings.TrimSuffix(p, "/")) {
-			s.peers = append(s.peers, strings.TrimSuffix(p, "/"))
-		}
+		_ = s.RegisterPeer(p) // one it refuses is left out (see CheckPeer)
 	}
 	s.metrics = newMetrics(s)
 	s.bg.Go(s.expire)
@@ -268,6 +265,27 @@ type Registration struct {
 
 func (x *Registration) partition() (*string, string) { return &x.TenantID, x.RoutingGroup }
 
+// invalid is an ErrInvalid naming what is wrong.
+func invalid(format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, a...)...)
+}
+
+// checkIndex refuses an index (a model, a tenant and a block size) the
+// service could not keep apart from others or would store wrapped.
+func checkIndex(model, tenant string, blockSize int) error {
+	switch {
+	case model == "":
+		return invalid("model_name: missing")
+	case strings.ContainsFunc(model, unicode.IsControl):
+		return invalid("model_name: %q holds a control character", model)
+	case strings.ContainsFunc(tenant, unicode.IsControl) || strings.Contains(tenant, ":"):
+		return invalid("tenant_id: %q holds a control character or ':' (\"model:tenant\" names an index)", tenant)
+	case blockSize <= 0 || blockSize > MaxBlockSize:
+		return invalid("block_size: %d, want 1 to %d", blockSize, MaxBlockSize)
+	}
+	return nil
+}
+
 // MaxBlockSize is the largest block size a model may be registered with:
 // far above any engine's (vLLM's and SGLang's are 1 to a few hundred
 // tokens), and small enough for every count the service keeps.
@@ -277,24 +295,16 @@ const MaxBlockSize = 1 << 16
 // others or would store wrapped: each error names its field and wraps
 // ErrInvalid.
 func (r *Registration) check() error {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, a...)...)
+	if err := checkIndex(r.ModelName, r.TenantID, r.BlockSize); err != nil {
+		return err
 	}
 	switch {
-	case r.ModelName == "":
-		return bad("model_name: missing")
-	case strings.ContainsFunc(r.ModelName, unicode.IsControl):
-		return bad("model_name: %q holds a control character", r.ModelName)
-	case strings.ContainsFunc(r.TenantID, unicode.IsControl) || strings.Contains(r.TenantID, ":"):
-		return bad("tenant_id: %q holds a control character or ':' (\"model:tenant\" names an index)", r.TenantID)
-	case r.BlockSize <= 0 || r.BlockSize > MaxBlockSize:
-		return bad("block_size: %d, want 1 to %d", r.BlockSize, MaxBlockSize)
 	case r.DPRank < 0 || r.DPRank > int(kvevent.MaxDPRank):
-		return bad("dp_rank: %d, want 0 to %d", r.DPRank, kvevent.MaxDPRank)
+		return invalid("dp_rank: %d, want 0 to %d", r.DPRank, kvevent.MaxDPRank)
 	case !validEndpoint(r.Endpoint):
-		return bad("endpoint: %q, want tcp://host:port or ipc://path", r.Endpoint)
+		return invalid("endpoint: %q, want tcp://host:port or ipc://path", r.Endpoint)
 	case r.ReplayEndpoint != "" && !validEndpoint(r.ReplayEndpoint):
-		return bad("replay_endpoint: %q, want tcp://host:port or ipc://path", r.ReplayEndpoint)
+		return invalid("replay_endpoint: %q, want tcp://host:port or ipc://path", r.ReplayEndpoint)
 	}
 	return nil
 }

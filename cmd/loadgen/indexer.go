@@ -103,10 +103,18 @@ func (c *indexerConfig) registerCorpus(fs *flag.FlagSet) {
 	fs.StringVar(&c.corpusFile, "corpus", "", "replay this SMGMCK01 corpus (loadgen corpus writes one) instead of building one from the trace; its deadlines are rescaled to -duration if given")
 }
 
+// validate checks what every command that builds or reads a corpus
+// takes: the window, the corpus and the output.
 func (c *indexerConfig) validate() error {
-	switch {
-	case c.window <= 0 || c.window > maxDuration:
+	if c.window <= 0 || c.window > maxDuration {
 		return fmt.Errorf("-duration %v, want in (0, %v]", c.window, maxDuration)
+	}
+	return errors.Join(c.corpus.Validate(), c.out.validate())
+}
+
+// validateRun checks what loadgen indexer takes besides: how it runs.
+func (c *indexerConfig) validateRun() error {
+	switch {
 	case c.sweepSteps < 1:
 		return fmt.Errorf("-sweep-steps %d, want >= 1", c.sweepSteps)
 	case c.proto.Issuers < 1 || c.proto.Issuers > 1024:
@@ -116,7 +124,7 @@ func (c *indexerConfig) validate() error {
 	case c.repeat < 1 || c.repeat > 100:
 		return fmt.Errorf("-repeat %d, want in [1, 100]", c.repeat)
 	}
-	return errors.Join(c.corpus.Validate(), c.out.validate())
+	return nil
 }
 
 // parse parses the flags of a command that builds or reads a corpus.
@@ -136,6 +144,9 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	var c indexerConfig
 	c.register(fs)
 	if err := c.parse(fs, args); err != nil {
+		return err
+	}
+	if err := c.validateRun(); err != nil {
 		return err
 	}
 	impls, err := parseImpls(c.compare, c.lanes)

@@ -17,7 +17,7 @@ func runMemory(args []string, stdout, stderr io.Writer) error {
 	var c indexerConfig
 	c.work.register(fs)
 	c.registerCorpus(fs)
-	c.window, c.repeat, c.sweepSteps, c.proto = maxDuration, 1, 1, openloop.Protocol{Issuers: 1, QueryLanes: 1}
+	c.window = maxDuration // deadlines do not matter to memory
 	var mc openloop.MemoryConfig
 	fs.IntVar(&mc.Samples, "samples", 100, "evenly spaced points of the replay at which the index is measured (Dynamo: 100)")
 	fs.BoolVar(&mc.SkipQueries, "skip-queries", false, "replay the events only")
