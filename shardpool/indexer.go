@@ -93,6 +93,7 @@ type Stats struct {
 	RemovedWorkers uint64 // RemoveWorker calls applied
 	Queued         uint64 // Device-tier events ever queued
 	Pairs          int    // (worker, block) pairs in the index now
+	Unread         uint64 // events sent to an index that reads none (Approx)
 }
 
 // Rejected returns the number of events rejected in whole or in part.
