@@ -10,8 +10,6 @@
 package replay
 
 import (
-	"math"
-
 	"github.com/google/uuid"
 
 	"github.com/kvradix/kvradix/kvevent"
@@ -125,16 +123,7 @@ func (e *engine) unlinkFree(b *cblock) {
 }
 
 // blocksFor is the pool blocks a request occupies at its longest.
-func (e *engine) blocksFor(isl, osl int) int { return blocksFor(isl, osl, e.cfg.BlockSize) }
-
-// blocksFor is the blocks of bs tokens a request of isl prompt and osl
-// output tokens occupies at its longest.
-func blocksFor(isl, osl, bs int) int {
-	// Summed unsigned (two non-negative ints cannot overflow it), so that
-	// no length (2^63-1 tokens of output, say) wraps into a small one.
-	n := (uint64(max(isl, 0)) + uint64(max(osl, 1)) + uint64(bs) - 1) / uint64(bs)
-	return int(min(n, math.MaxInt))
-}
+func (e *engine) blocksFor(isl, osl int) int { return router.BlocksFor(isl, osl, e.cfg.BlockSize) }
 
 func (e *engine) publish(data kvevent.Data) { e.publishTier(data, kvevent.TierDevice) }
 

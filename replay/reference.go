@@ -5,6 +5,7 @@ import (
 	"context"
 	"slices"
 
+	"github.com/kvradix/kvradix/router"
 	"github.com/kvradix/kvradix/trace"
 )
 
@@ -61,7 +62,7 @@ func references(ctx context.Context, reqs []trace.Request, p *prompts, cfg Confi
 			return 0, 0, ctx.Err()
 		}
 		tr := reqs[i]
-		if blocksFor(tr.InputLength, tr.OutputLength, cfg.BlockSize) > cfg.Blocks {
+		if router.BlocksFor(tr.InputLength, tr.OutputLength, cfg.BlockSize) > cfg.Blocks {
 			continue
 		}
 		blocks = ids(blocks[:0], i)

@@ -509,7 +509,7 @@ func (s *sim) arrive(i int, tr trace.Request, res *Result) {
 	local, seq := s.prompts.local[i], s.prompts.seq[i]
 	r := &request{id: id, arrival: s.now, isl: tr.InputLength, osl: tr.OutputLength, local: local, seq: seq}
 	s.reqs[i] = r
-	if blocksFor(r.isl, r.osl, s.cfg.BlockSize) > s.cfg.Blocks {
+	if router.BlocksFor(r.isl, r.osl, s.cfg.BlockSize) > s.cfg.Blocks {
 		res.Rejected++
 		return
 	}
@@ -527,7 +527,7 @@ func (s *sim) arrive(i int, tr trace.Request, res *Result) {
 func (s *sim) presize(reqs []trace.Request) {
 	gaps := 0
 	for _, tr := range reqs {
-		if blocksFor(tr.InputLength, tr.OutputLength, s.cfg.BlockSize) <= s.cfg.Blocks { // the rest are rejected
+		if router.BlocksFor(tr.InputLength, tr.OutputLength, s.cfg.BlockSize) <= s.cfg.Blocks { // the rest are rejected
 			gaps += max(tr.OutputLength-1, 0)
 		}
 	}

@@ -1,11 +1,13 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"sync/atomic"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -27,19 +29,52 @@ const (
 	// block's saved prefill weighed by its tier (Config.TierWeights), over
 	// an indexer that keeps tiers (shardpool.TierIndexer).
 	KVTiers
+	// KVApproxLRU is KV without events: the index predicts what each rank
+	// caches from the router's own decisions and completions, modelling a
+	// pool of Config.ApproxCapacity blocks per rank (shardpool.ApproxLRU).
+	// Events published to it are counted and not read.
+	KVApproxLRU
+	// KVApproxTTL is KV without events, each routed block predicted cached
+	// for Config.ApproxTTL after its latest routing (shardpool.ApproxTTL).
+	KVApproxTTL
+	// KVPredict is KV with events and, beside them, every decision
+	// predicted for Config.PredictTTL: a worker's overlap is the greater of
+	// the two, so that a burst of requests sharing a prefix follows the
+	// first before its blocks are stored and published.
+	KVPredict
 )
 
-// String returns "round_robin", "kv" or "kv_tiers".
+// modeNames are the modes' names, by mode.
+var modeNames = [...]string{RoundRobin: "round_robin", KV: "kv", KVTiers: "kv_tiers", KVApproxLRU: "kv_approx_lru", KVApproxTTL: "kv_approx_ttl", KVPredict: "kv_predict"}
+
+// String returns the mode's name: "round_robin", "kv", "kv_tiers",
+// "kv_approx_lru", "kv_approx_ttl" or "kv_predict".
 func (m Mode) String() string {
-	switch m {
-	case RoundRobin:
-		return "round_robin"
-	case KV:
-		return "kv"
-	case KVTiers:
-		return "kv_tiers"
+	if m >= 0 && int(m) < len(modeNames) {
+		return modeNames[m]
 	}
 	return fmt.Sprintf("mode(%d)", int(m))
+}
+
+// ParseMode returns the mode a name names (String's inverse).
+func ParseMode(name string) (Mode, error) {
+	for m, n := range modeNames {
+		if n == name {
+			return Mode(m), nil
+		}
+	}
+	return 0, fmt.Errorf("router: unknown mode %q (want one of %v)", name, modeNames)
+}
+
+// approximate reports whether the mode reads no events.
+func (m Mode) approximate() bool { return m == KVApproxLRU || m == KVApproxTTL }
+
+// policy is the prediction policy of an approximate mode or KVPredict.
+func (m Mode) policy() shardpool.ApproxPolicy {
+	if m == KVApproxLRU {
+		return shardpool.ApproxLRU
+	}
+	return shardpool.ApproxTTL
 }
 
 // Config mirrors the reference router's configuration, with one default
@@ -72,7 +107,23 @@ type Config struct {
 	// with other replicas: see package cluster). It runs on the caller's
 	// goroutine after the decision and must be quick.
 	OnAdmit func(id uuid.UUID, a Admission)
+	// ApproxCapacity is every rank's KV blocks, the engine's
+	// total_kv_blocks (KVApproxLRU; > 0).
+	ApproxCapacity int
+	// ApproxTTL is how long KVApproxTTL predicts a routed block cached
+	// (0: shardpool.DefaultApproxTTL).
+	ApproxTTL time.Duration
+	// PredictTTL is how long KVPredict keeps a decision beside the events
+	// (0: DefaultPredictTTL).
+	PredictTTL time.Duration
+	// Now is the clock of the predictions' lifetimes (nil: time.Now).
+	Now func() time.Time
 }
+
+// DefaultPredictTTL is Config.PredictTTL's default: long enough for a
+// request's prefill to be stored and its event applied, short enough that
+// a prediction never outlives the events' word by much.
+const DefaultPredictTTL = 2 * time.Second
 
 // MaxDPSize bounds Config.DPSize.
 const MaxDPSize = 4096
@@ -129,16 +180,20 @@ type Router struct {
 	cfg     Config
 	n       int
 	dp      int
-	indexer shardpool.Indexer // KV mode only
-	sched   *Scheduler        // KV mode only
+	indexer shardpool.Indexer // KV modes only
+	sched   *Scheduler        // KV modes only
+	// predict hears every decision and completion: the indexer itself in
+	// the approximate modes, the side index merged with the events' in
+	// KVPredict, nil otherwise.
+	predict *shardpool.Approx
 	rr      atomic.Uint64
 	closed  atomic.Bool
 }
 
 // New returns a router with its own indexer: the single-threaded one for
 // IndexerLanes 1, else a pool of that many lanes over the compressed index;
-// in KVTiers mode the same, keeping every tier. Invalid configuration is
-// an error.
+// in KVTiers mode the same, keeping every tier; in the approximate modes a
+// shardpool.Approx. Invalid configuration is an error.
 func New(mode Mode, cfg Config, numWorkers int) (*Router, error) {
 	if cfg.IndexerLanes < 1 {
 		return nil, fmt.Errorf("router: %d indexer lanes, want >= 1", cfg.IndexerLanes)
@@ -152,7 +207,13 @@ func New(mode Mode, cfg Config, numWorkers int) (*Router, error) {
 		idx = shardpool.NewSingleTiers(cfg.BlockSize)
 	case mode == KVTiers:
 		idx = shardpool.NewPoolTiers(cfg.IndexerLanes, cfg.BlockSize)
-	case mode == KV:
+	case mode.approximate():
+		a, err := newApprox(mode, cfg)
+		if err != nil {
+			return nil, err
+		}
+		idx = a
+	case mode == KV || mode == KVPredict:
 		if cfg.IndexerLanes == 1 {
 			idx = shardpool.NewSingle(cfg.BlockSize)
 		} else {
@@ -166,8 +227,23 @@ func New(mode Mode, cfg Config, numWorkers int) (*Router, error) {
 	return r, err
 }
 
-// NewWithIndexer returns a router over the caller's indexer (KV mode; nil
-// in round-robin mode), which must hash at cfg.BlockSize.
+// newApprox returns the prediction index of an approximate mode or
+// KVPredict.
+func newApprox(mode Mode, cfg Config) (*shardpool.Approx, error) {
+	ac := shardpool.ApproxConfig{Policy: mode.policy(), BlockSize: cfg.BlockSize, Capacity: cfg.ApproxCapacity, TTL: cfg.ApproxTTL, Now: cfg.Now}
+	if mode == KVPredict {
+		ac.TTL = cmp.Or(cfg.PredictTTL, DefaultPredictTTL)
+	}
+	a, err := shardpool.NewApprox(ac)
+	if err != nil {
+		return nil, fmt.Errorf("router: %v: %w", mode, err)
+	}
+	return a, nil
+}
+
+// NewWithIndexer returns a router over the caller's indexer (KV modes; nil
+// in round-robin mode), which must hash at cfg.BlockSize: in the
+// approximate modes a *shardpool.Approx of the mode's policy.
 // Config.IndexerLanes is ignored. The router owns the indexer from then on:
 // Shutdown closes it.
 func NewWithIndexer(mode Mode, cfg Config, numWorkers int, idx shardpool.Indexer) (*Router, error) {
@@ -180,12 +256,15 @@ func NewWithIndexer(mode Mode, cfg Config, numWorkers int, idx shardpool.Indexer
 	if ti, ok := idx.(shardpool.TierIndexer); mode == KVTiers && (!ok || !ti.KeepsTiers()) {
 		return nil, fmt.Errorf("router: %v mode needs an indexer that keeps tiers (shardpool.NewSingleTiers, NewPoolTiers)", mode)
 	}
+	if a, ok := idx.(*shardpool.Approx); mode.approximate() && (!ok || a.Policy() != mode.policy()) {
+		return nil, fmt.Errorf("router: %v mode needs a shardpool.Approx of its policy", mode)
+	}
 	return newRouter(mode, cfg, numWorkers, idx)
 }
 
 func validate(mode Mode, cfg Config, numWorkers int) error {
 	switch {
-	case mode != RoundRobin && mode != KV && mode != KVTiers:
+	case mode < RoundRobin || int(mode) >= len(modeNames):
 		return fmt.Errorf("router: unknown mode %d", int(mode))
 	case numWorkers <= 0:
 		return fmt.Errorf("router: %d workers, want > 0", numWorkers)
@@ -219,8 +298,17 @@ func newRouter(mode Mode, cfg Config, numWorkers int, idx shardpool.Indexer) (*R
 		return nil, err
 	}
 	r := &Router{mode: mode, cfg: cfg, n: numWorkers, dp: dp}
-	if mode != RoundRobin {
-		r.sched, r.indexer = sched, idx
+	if mode == RoundRobin {
+		return r, nil
+	}
+	r.sched, r.indexer = sched, idx
+	switch {
+	case mode.approximate():
+		r.predict = idx.(*shardpool.Approx)
+	case mode == KVPredict:
+		if r.predict, err = newApprox(mode, cfg); err != nil {
+			return nil, err
+		}
 	}
 	return r, nil
 }
@@ -250,6 +338,9 @@ type Stats struct {
 	// TierWeights are the prefill a cached block saves per tier, in
 	// KVTiers mode (zero otherwise: the device alone counts, whole).
 	TierWeights [kvevent.NumTiers]float64
+	// Approx are the predictions' counters, in the approximate modes and
+	// KVPredict.
+	Approx shardpool.ApproxStats
 }
 
 // Stats returns the router's counters.
@@ -263,6 +354,9 @@ func (r *Router) Stats() Stats {
 	}
 	if r.mode == KVTiers {
 		st.TierWeights = r.sched.cfg.TierWeights
+	}
+	if r.predict != nil {
+		st.Approx = r.predict.ApproxStats()
 	}
 	return st
 }
@@ -349,18 +443,53 @@ func (r *Router) SelectWorkerRank(ctx context.Context, req Request) (kvevent.Wor
 		return kvevent.Worker{}, r.shutdownErr(err)
 	}
 	w, err := r.sched.Schedule(ctx, sr)
-	if err == nil && r.cfg.OnAdmit != nil {
+	if err != nil {
+		return w, err
+	}
+	if r.predict != nil {
+		// The blocks the request takes beyond its complete prompt blocks:
+		// its partial last block and its output (at least one token).
+		extra := BlocksFor(isl, req.MaxOutputTokens, r.cfg.BlockSize) - len(local)
+		if err := r.predict.Predict(req.UUID, w, local, sr.Blocks, extra); err != nil {
+			_ = r.sched.Free(req.UUID)
+			return kvevent.Worker{}, r.shutdownErr(err)
+		}
+	}
+	if r.cfg.OnAdmit != nil {
 		r.cfg.OnAdmit(req.UUID, Admission{Worker: w, ISL: sr.ISL, Blocks: sr.Blocks, Overlap: sr.Overlaps[w]})
 	}
-	return w, err
+	return w, nil
+}
+
+// BlocksFor is the KV blocks of bs tokens a request of isl prompt and osl
+// output tokens (at least one) takes at its longest, as an engine
+// allocates them.
+func BlocksFor(isl, osl, bs int) int {
+	// Summed unsigned (two non-negative ints cannot overflow it), so that
+	// no length (2^63-1 tokens of output, say) wraps into a small one.
+	n := (uint64(max(isl, 0)) + uint64(max(osl, 1)) + uint64(bs) - 1) / uint64(bs)
+	return int(min(n, math.MaxInt))
 }
 
 // match fills sr's overlaps from the indexer: the device's, and in
-// KVTiers mode every tier's.
+// KVTiers mode every tier's; in KVPredict the greater of the events' and
+// the predictions'.
 func (r *Router) match(sr *SchedRequest, local []uint64) error {
 	if r.mode != KVTiers {
 		scores, err := r.indexer.FindMatches(local)
 		sr.Overlaps = scores.Scores
+		if err != nil || r.mode != KVPredict {
+			return err
+		}
+		if sr.Overlaps == nil {
+			sr.Overlaps = make(map[kvevent.Worker]uint32)
+		}
+		predicted, err := r.predict.FindMatches(local)
+		for w, n := range predicted.Scores {
+			if n > sr.Overlaps[w] {
+				sr.Overlaps[w] = n
+			}
+		}
 		return err
 	}
 	tiers, err := r.indexer.(shardpool.TierIndexer).FindTierMatches(local)
@@ -389,7 +518,9 @@ type Admission struct {
 
 // AdmitRemote counts a request another replica admitted, so that this
 // router's decisions see its load; OnFirstToken and OnComplete (with the
-// same id) release it as for a local one. KV mode only; a duplicate id is
+// same id) release it as for a local one. An admission carries no local
+// hashes, so the approximate modes and KVPredict do not predict it. KV
+// modes only; a duplicate id is
 // an error, and so is an admission no router could have made: more than
 // kvevent.MaxBlocks blocks, a prompt length that is not its blocks' (at
 // this router's block size), or an overlap past its blocks. Its size is
@@ -428,14 +559,21 @@ func (r *Router) OnFirstToken(id uuid.UUID) (bool, error) {
 	return true, r.sched.MarkPrefillCompleted(id)
 }
 
-// OnComplete frees the request. It returns false in round-robin mode, true
-// in KV mode; after Shutdown, false and ErrShutdown.
+// OnComplete frees the request (completed or aborted), and in the
+// approximate modes releases its predicted blocks. It returns false in
+// round-robin mode, true in KV modes; after Shutdown, false and
+// ErrShutdown.
 func (r *Router) OnComplete(id uuid.UUID) (bool, error) {
 	switch {
 	case r.closed.Load():
 		return false, ErrShutdown
 	case r.mode == RoundRobin:
 		return false, nil
+	}
+	if r.predict != nil {
+		if _, err := r.predict.Release(id); err != nil {
+			return true, r.shutdownErr(err)
+		}
 	}
 	return true, r.sched.Free(id)
 }
@@ -464,5 +602,8 @@ func (r *Router) Shutdown() error {
 		return nil
 	}
 	r.sched.Close()
+	if r.mode == KVPredict {
+		_ = r.predict.Close()
+	}
 	return r.indexer.Close()
 }
