@@ -55,14 +55,19 @@ type request struct {
 	local    []uint64 // tokens hashes of the complete prompt blocks
 	seq      []uint64 // their sequence hashes: the engine's block hashes
 	blocks   []*cblock
-	private  int // blocks held outside the prefix cache
-	hits     int // prompt blocks found cached at admission
-	loaded   int // prompt blocks after those, loaded back from the host
-	computed int // prompt tokens computed (cached ones included)
-	chunk    int // prompt tokens computed in the current step
-	tokens   int // output tokens generated
-	first    float64
-	last     float64
+	private  int    // blocks held outside the prefix cache
+	hits     int    // prompt blocks found cached at admission
+	held     uint32 // leading prompt blocks held at admission (the last one included)
+	// predicted is the blocks the router counted cached on this engine, if
+	// it predicts.
+	predicted uint32
+	predicts  bool
+	loaded    int // prompt blocks after those, loaded back from the host
+	computed  int // prompt tokens computed (cached ones included)
+	chunk     int // prompt tokens computed in the current step
+	tokens    int // output tokens generated
+	first     float64
+	last      float64
 }
 
 // engine is one mock vLLM engine. It is driven by the simulation loop on
@@ -137,16 +142,24 @@ func (e *engine) publishTier(data kvevent.Data, tier kvevent.Tier) {
 // cachedPrefix is how many leading prompt blocks are cached, leaving at
 // least one prompt token to compute (as vLLM recomputes the last token).
 func (e *engine) cachedPrefix(r *request) int {
+	return min(int(e.heldPrefix(r)), (r.isl-1)/e.cfg.BlockSize)
+}
+
+// heldPrefix is how many leading prompt blocks the engine holds, whether
+// or not it would recompute the last (the truth a router's overlap
+// predicts).
+func (e *engine) heldPrefix(r *request) uint32 {
 	n := 0
 	for n < len(r.seq) && e.cache.get(r.seq[n]) != nil {
 		n++
 	}
-	return min(n, (r.isl-1)/e.cfg.BlockSize)
+	return uint32(n)
 }
 
 // admit tries to give the request its blocks: cached prefix blocks are
 // referenced, the rest allocated, evicting least recently used free blocks.
 func (e *engine) admit(r *request) bool {
+	r.held = e.heldPrefix(r)
 	hits := e.cachedPrefix(r)
 	need := e.blocksFor(r.isl, r.osl) - hits
 	inFree := 0

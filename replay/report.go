@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/router"
@@ -140,7 +142,23 @@ const (
 	// SetHostWeight is kv_tiers' weight of a host block (Config.TierWeights,
 	// the other tiers at their defaults); sweeping it sweeps kv_tiers.
 	SetHostWeight = "host_weight"
+	// SetApproxCapacity is kv_approx_lru's capacity as a multiple of the
+	// engines' true blocks (Config.ApproxCapacity); sweeping it sweeps
+	// kv_approx_lru.
+	SetApproxCapacity = "approx_capacity"
+	// SetApproxTTL is kv_approx_ttl's lifetime in seconds (Config.ApproxTTL);
+	// sweeping it sweeps kv_approx_ttl.
+	SetApproxTTL = "approx_ttl"
+	// SetPredictTTL is kv_predict's lifetime in seconds (Config.PredictTTL);
+	// sweeping it sweeps kv_predict.
+	SetPredictTTL = "predict_ttl"
 )
+
+// setRouters names the router a sweep of a setting runs (kv otherwise).
+var setRouters = map[string]string{SetTemperature: KVTemp, SetHostWeight: KVTiers, SetApproxCapacity: KVApproxLRU, SetApproxTTL: KVApproxTTL, SetPredictTTL: KVPredict}
+
+// setNames lists the settings a sweep may vary.
+var setNames = []string{SetOverlapWeight, SetTemperature, SetQueueThreshold, SetHostWeight, SetApproxCapacity, SetApproxTTL, SetPredictTTL}
 
 // Setting is one swept knob and its values.
 type Setting struct {
@@ -149,14 +167,15 @@ type Setting struct {
 }
 
 // ParseSetting parses "name=v1,v2,...", name one of overlap_weight,
-// temperature, queue_threshold, host_weight.
+// temperature, queue_threshold, host_weight, approx_capacity, approx_ttl,
+// predict_ttl.
 func ParseSetting(s string) (Setting, error) {
 	name, list, ok := strings.Cut(s, "=")
 	if !ok || list == "" {
 		return Setting{}, fmt.Errorf("sweep %q: want name=v1,v2 (a comma list of values)", s)
 	}
-	if _, err := (Config{}).with(name, 0); err != nil {
-		return Setting{}, err
+	if !slices.Contains(setNames, name) {
+		return Setting{}, fmt.Errorf("sweep: unknown setting %q (want one of %s)", name, strings.Join(setNames, ", "))
 	}
 	set := Setting{Name: name}
 	for _, f := range strings.Split(list, ",") {
@@ -183,10 +202,22 @@ func (c Config) with(name string, v float64) (Config, error) {
 			c.TierWeights = router.DefaultTierWeights
 		}
 		c.TierWeights[kvevent.TierHostPinned] = v
-	default:
-		return c, fmt.Errorf("sweep: unknown setting %q (want %s, %s, %s or %s)", name, SetOverlapWeight, SetTemperature, SetQueueThreshold, SetHostWeight)
+	case SetApproxCapacity:
+		if v == 0 {
+			return c, fmt.Errorf("sweep: %s 0: want > 0", name)
+		}
+		c.ApproxCapacity = v
+	case SetApproxTTL:
+		c.ApproxTTL = seconds(v)
+	case SetPredictTTL:
+		c.PredictTTL = seconds(v)
 	}
 	return c, nil
+}
+
+// seconds is v seconds, at least a nanosecond (0 would mean the default).
+func seconds(v float64) time.Duration {
+	return max(time.Duration(v*float64(time.Second)), 1)
 }
 
 // SweepPoint is one setting of the swept knobs and the KV router's replay
@@ -205,7 +236,8 @@ type SweepReport struct {
 // Sweep replays the KV router once per combination of the settings' values
 // (their cartesian product, the first setting varying slowest), the other
 // knobs as in cfg. The router is kv_temp when temperature is swept,
-// kv_tiers when host_weight is, else kv.
+// kv_tiers when host_weight is, kv_approx_lru, kv_approx_ttl or kv_predict
+// when their setting is, else kv.
 // The report's Results hold the round-robin and default KV baselines. If
 // ctx ends, it returns ctx's error with the points finished by then (the
 // others keep only their settings).
@@ -231,12 +263,10 @@ func sweep(ctx context.Context, reqs []trace.Request, p *prompts, settings []Set
 	routerName := KV
 	combos := []map[string]float64{{}}
 	for _, set := range settings {
-		switch set.Name {
-		case SetTemperature:
-			routerName = KVTemp
-		case SetHostWeight:
-			routerName = KVTiers
+		if !slices.Contains(setNames, set.Name) {
+			return SweepReport{}, fmt.Errorf("sweep: unknown setting %q (want one of %s)", set.Name, strings.Join(setNames, ", "))
 		}
+		routerName = cmp.Or(setRouters[set.Name], routerName)
 		var next []map[string]float64
 		for _, c := range combos {
 			for _, v := range set.Values {

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -25,10 +26,19 @@ const (
 	KV         = "kv"
 	KVTemp     = "kv_temp"  // KV routing with Config.Temperature
 	KVTiers    = "kv_tiers" // KV routing counting every tier (router.KVTiers)
+	// KVApproxLRU routes without reading events, modelling each engine's
+	// pool of ApproxCapacity × Blocks blocks (router.KVApproxLRU).
+	KVApproxLRU = "kv_approx_lru"
+	// KVApproxTTL routes without reading events, each routed block
+	// predicted cached for ApproxTTL (router.KVApproxTTL).
+	KVApproxTTL = "kv_approx_ttl"
+	// KVPredict routes by events and, beside them, its own decisions of the
+	// last PredictTTL (router.KVPredict).
+	KVPredict = "kv_predict"
 )
 
 // Routers lists every router name.
-var Routers = []string{RoundRobin, Random, KV, KVTemp, KVTiers}
+var Routers = []string{RoundRobin, Random, KV, KVTemp, KVTiers, KVApproxLRU, KVApproxTTL, KVPredict}
 
 // Config configures a replay.
 type Config struct {
@@ -51,11 +61,20 @@ type Config struct {
 	// TierWeights are kv_tiers' (router.Config.TierWeights; all zero:
 	// router.DefaultTierWeights).
 	TierWeights [kvevent.NumTiers]float64
+	// ApproxCapacity is kv_approx_lru's idea of an engine's pool, as a
+	// multiple of Blocks (1: the truth).
+	ApproxCapacity float64
+	// ApproxTTL is kv_approx_ttl's lifetime of a routed block, on the
+	// virtual clock (0: shardpool.DefaultApproxTTL).
+	ApproxTTL time.Duration
+	// PredictTTL is kv_predict's lifetime of a decision (0:
+	// router.DefaultPredictTTL).
+	PredictTTL time.Duration
 }
 
 // DefaultConfig returns the defaults named on each field.
 func DefaultConfig() Config {
-	return Config{Workers: 16, DPSize: 1, Blocks: 16384, BlockSize: 64, TraceBlockSize: trace.TraceBlockSize, MaxBatchedTokens: 8192, MaxNumSeqs: 256, Speedup: 1, Temperature: 0.1, OverlapWeight: router.DefaultOverlapWeight, IndexerLanes: 2}
+	return Config{Workers: 16, DPSize: 1, Blocks: 16384, BlockSize: 64, TraceBlockSize: trace.TraceBlockSize, MaxBatchedTokens: 8192, MaxNumSeqs: 256, Speedup: 1, Temperature: 0.1, OverlapWeight: router.DefaultOverlapWeight, IndexerLanes: 2, ApproxCapacity: 1}
 }
 
 // Validate reports the first invalid field.
@@ -87,6 +106,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("replay: indexer lanes %d, want >= 1", c.IndexerLanes)
 	case !(c.Offload >= 0) || c.Offload > 1024:
 		return fmt.Errorf("replay: offload %v, want in [0, 1024]", c.Offload)
+	case !(c.ApproxCapacity > 0) || c.ApproxCapacity > 1024:
+		return fmt.Errorf("replay: approximate capacity %v, want in (0, 1024]", c.ApproxCapacity)
+	case c.ApproxTTL < 0 || c.PredictTTL < 0:
+		return fmt.Errorf("replay: approximate ttl %v, predict ttl %v, want >= 0", c.ApproxTTL, c.PredictTTL)
 	}
 	for t, w := range c.TierWeights {
 		if !(w >= 0) || math.IsInf(w, 1) {
@@ -193,6 +216,17 @@ type Result struct {
 	Load            Spread    `json:"load"`
 	RejectedEvents  uint64    `json:"rejected_events"` // by the KV indexer
 	UnpublishedEvts int       `json:"unpublished_events"`
+	// ApproxPrecision is, of the cached tokens the router counted on the
+	// worker it chose (its index's overlap there), the share the engine
+	// really had cached when it admitted the request and looked its prompt
+	// up, averaged over the requests with a predicted overlap;
+	// ApproxRecall is, of the tokens the engine really had then, the share
+	// the router counted, averaged over the requests whose engine had any.
+	// Overlaps are leading blocks, so a request's shared part is the lesser
+	// of the two. Absent for routers without an index (round_robin,
+	// random).
+	ApproxPrecision *float64 `json:"approx_precision,omitempty"`
+	ApproxRecall    *float64 `json:"approx_recall,omitempty"`
 }
 
 // TierShares are shares of prompt tokens by the tier they were served
@@ -210,6 +244,9 @@ type TierShares struct {
 type policy interface {
 	// choose returns the worker of request i.
 	choose(i int, req router.Request, local []uint64) (int, error)
+	// predicted returns the blocks the router counted cached on the
+	// worker of its latest choice; false if it counts none.
+	predicted() (uint32, bool)
 	sink(w kvevent.WorkerID) router.EventSink
 	firstToken(id uuid.UUID) error
 	complete(id uuid.UUID) error
@@ -217,9 +254,11 @@ type policy interface {
 
 // routerPolicy drives a kvradix router (or picks at random).
 type routerPolicy struct {
-	r    *router.Router
-	rng  *rand.Rand      // the random router
-	done context.Context // cancelled: SelectWorker never waits
+	r       *router.Router
+	rng     *rand.Rand      // the random router
+	done    context.Context // cancelled: SelectWorker never waits
+	clock   *float64        // the simulation's, ms
+	overlap uint32          // the chosen worker's, in the latest admission
 }
 
 func newRouterPolicy(name string, cfg Config) (*routerPolicy, error) {
@@ -238,9 +277,15 @@ func newRouterPolicy(name string, cfg Config) (*routerPolicy, error) {
 		mode, rc.Temperature = router.KV, cfg.Temperature
 	case KVTiers:
 		mode, rc.TierWeights = router.KVTiers, cfg.TierWeights
+	case KVApproxLRU, KVApproxTTL, KVPredict:
+		mode, _ = router.ParseMode(name)
+		rc.ApproxCapacity = max(1, int(cfg.ApproxCapacity*float64(cfg.Blocks)))
+		rc.ApproxTTL, rc.PredictTTL = cfg.ApproxTTL, cfg.PredictTTL
+		rc.Now = p.now
 	default:
 		return nil, fmt.Errorf("replay: unknown router %q", name)
 	}
+	rc.OnAdmit = func(_ uuid.UUID, a router.Admission) { p.overlap = a.Overlap }
 	r, err := router.New(mode, rc, cfg.Workers)
 	if err != nil {
 		return nil, err
@@ -250,6 +295,22 @@ func newRouterPolicy(name string, cfg Config) (*routerPolicy, error) {
 	cancel()
 	p.done = ctx
 	return p, nil
+}
+
+// setClock makes the router's predictions age on the simulation's clock.
+func (p *routerPolicy) setClock(ms *float64) { p.clock = ms }
+
+// now is the virtual clock as a time (the epoch until the simulation
+// starts).
+func (p *routerPolicy) now() time.Time {
+	if p.clock == nil {
+		return time.Unix(0, 0)
+	}
+	return time.Unix(0, int64(*p.clock*float64(time.Millisecond)))
+}
+
+func (p *routerPolicy) predicted() (uint32, bool) {
+	return p.overlap, p.rng == nil && p.r.Mode() != router.RoundRobin
 }
 
 // errQueued is choose's answer when the router holds the request back.
@@ -302,6 +363,7 @@ type sim struct {
 	queue   []queued // requests the router holds back
 
 	ttft, tpot, itl, e2e []float64
+	precision, recall    accuracy
 	completed            int
 	prompt, cached, out  int64
 	loaded               int64 // prompt tokens loaded back from the host tier
@@ -449,6 +511,7 @@ type exported struct{ p Policy }
 func (e exported) choose(i int, req router.Request, _ []uint64) (int, error) {
 	return e.p.Choose(i, req)
 }
+func (e exported) predicted() (uint32, bool)                { return 0, false }
 func (e exported) sink(w kvevent.WorkerID) router.EventSink { return e.p.Sink(w) }
 func (e exported) firstToken(id uuid.UUID) error            { return e.p.FirstToken(id) }
 func (e exported) complete(id uuid.UUID) error              { return e.p.Complete(id) }
@@ -555,6 +618,7 @@ func (s *sim) route(q queued) bool {
 	}
 	s.perW[w]++
 	e := s.engines[w]
+	r.predicted, r.predicts = s.pol.predicted()
 	e.waiting = append(e.waiting, r)
 	if !e.busy {
 		s.startStep(e)
@@ -585,6 +649,10 @@ func (s *sim) firstToken(r *request) {
 	s.prompt += int64(r.isl)
 	s.cached += int64(r.hits * s.cfg.BlockSize)
 	s.loaded += int64(r.loaded * s.cfg.BlockSize)
+	if r.predicts {
+		s.precision.add(min(r.predicted, r.held), r.predicted)
+		s.recall.add(min(r.predicted, r.held), r.held)
+	}
 	if err := s.pol.firstToken(r.id); err != nil && s.err == nil {
 		s.err = err
 	}
@@ -619,6 +687,30 @@ func (s *sim) report(res *Result) {
 		res.ThroughputTPS = float64(s.out) / (s.now / 1000)
 	}
 	res.Load = SpreadOf(s.perW)
+	res.ApproxPrecision, res.ApproxRecall = s.precision.mean(), s.recall.mean()
+}
+
+// accuracy averages a share (part over whole) over the requests with a
+// whole.
+type accuracy struct {
+	sum float64
+	n   int
+}
+
+func (a *accuracy) add(part, whole uint32) {
+	if whole > 0 {
+		a.sum += float64(part) / float64(whole)
+		a.n++
+	}
+}
+
+// mean is the average share; nil if no request had a whole.
+func (a *accuracy) mean() *float64 {
+	if a.n == 0 {
+		return nil
+	}
+	m := a.sum / float64(a.n)
+	return &m
 }
 
 // SpreadOf describes how counts (per worker) spread.

@@ -63,6 +63,8 @@ type recorder struct {
 
 func (r *recorder) setClock(now *float64) { r.clock = now }
 
+func (r *recorder) predicted() (uint32, bool) { return 0, false }
+
 func (r *recorder) choose(i int, _ router.Request, local []uint64) (int, error) {
 	w := r.rng.IntN(r.cfg.engines())
 	worker, _ := r.cfg.engineOf(w)

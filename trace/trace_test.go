@@ -214,3 +214,42 @@ func TestStretch(t *testing.T) {
 		}
 	}
 }
+
+func TestBursts(t *testing.T) {
+	c := DefaultBurst()
+	c.Bursts, c.Siblings = 5, 3
+	reqs, err := Bursts(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != 15 {
+		t.Fatalf("%d requests, want 15", len(reqs))
+	}
+	prefix := c.PrefixTokens / TraceBlockSize
+	byPrefix := map[uint64][]Request{}
+	for i, r := range reqs {
+		if i > 0 && r.Timestamp < reqs[i-1].Timestamp {
+			t.Fatalf("request %d arrives before %d", i, i-1)
+		}
+		if r.InputLength != prefix*TraceBlockSize+c.SuffixTokens || len(r.HashIDs) != (r.InputLength+TraceBlockSize-1)/TraceBlockSize {
+			t.Fatalf("request %d: %d tokens, %d ids", i, r.InputLength, len(r.HashIDs))
+		}
+		byPrefix[r.HashIDs[0]] = append(byPrefix[r.HashIDs[0]], r)
+	}
+	if len(byPrefix) != 5 {
+		t.Fatalf("%d distinct prefixes, want 5", len(byPrefix))
+	}
+	for _, sib := range byPrefix {
+		if len(sib) != 3 || sib[2].Timestamp-sib[0].Timestamp > c.SpreadMs || !slices.Equal(sib[0].HashIDs[:prefix], sib[1].HashIDs[:prefix]) || sib[0].HashIDs[prefix] == sib[1].HashIDs[prefix] {
+			t.Fatalf("a burst: %+v", sib)
+		}
+	}
+	if again, _ := Bursts(c); !reflect.DeepEqual(again, reqs) {
+		t.Fatal("equal configurations gave different workloads")
+	}
+	for _, bad := range []BurstConfig{{Bursts: 0, Siblings: 1, Rate: 1, SuffixTokens: 1, OutputTokens: 1}, {Bursts: 1, Siblings: 1, Rate: 0, SuffixTokens: 1, OutputTokens: 1}, {Bursts: 1, Siblings: 1, Rate: 1, SuffixTokens: 0, OutputTokens: 1}} {
+		if _, err := Bursts(bad); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}

@@ -86,8 +86,8 @@ func (c *replayConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&cfg.IndexerLanes, "lanes", cfg.IndexerLanes, "indexer lanes of the KV routers (1 = single-threaded)")
 	fs.Float64Var(&cfg.Offload, "offload", 0, "give each engine a host tier of this many times its device blocks, which device evictions go to (0: none)")
 	fs.Var(tierWeightsFlag{&cfg.TierWeights}, "tier-weights", "kv_tiers' prefill saved per block on the `device,host,disk,external` (default 1,0.8,0.5,0.3)")
-	fs.StringVar(&c.routers, "routers", "round_robin,random,kv", "routers to compare: round_robin, random, kv, kv_temp, kv_tiers")
-	fs.Var(&c.sweep, "sweep", "sweep a KV router knob instead: `name=v1,v2,...` with name overlap_weight, temperature or queue_threshold; repeat for a grid")
+	fs.StringVar(&c.routers, "routers", "round_robin,random,kv", "routers to compare: round_robin, random, kv, kv_temp, kv_tiers, kv_approx_lru, kv_approx_ttl, kv_predict")
+	fs.Var(&c.sweep, "sweep", "sweep a KV router knob instead: `name=v1,v2,...` with name overlap_weight, temperature, queue_threshold, host_weight, approx_capacity (x true blocks), approx_ttl or predict_ttl (seconds); repeat for a grid")
 	fs.StringVar(&c.cpuprof, "cpuprofile", "", "write a CPU profile of the replays to `file`")
 	c.out.register(fs)
 }
