@@ -7,7 +7,7 @@ BENCHTIME ?= 100ms
 FUZZTIME ?= 10s
 RESULTS  := results
 
-.PHONY: test lint fuzz bench benchstat bench-compare loadgen replay replay-sweep replay-tiers plots
+.PHONY: test lint fuzz bench benchstat bench-compare loadgen replay replay-sweep replay-tiers replay-approx plots
 
 test:
 	$(GO) vet $(PKGS)
@@ -80,6 +80,22 @@ replay-tiers:
 	{ echo "# go run ./cmd/loadgen replay -offload 4 -routers round_robin,kv,kv_tiers"; $(HOSTLINE); $(GO) run ./cmd/loadgen replay -offload 4 -routers round_robin,kv,kv_tiers; \
 	  echo; echo "# go run ./cmd/loadgen replay $(TIERS)"; $(GO) run ./cmd/loadgen replay $(TIERS); } | tee $(RESULTS)/replay-tiers.txt
 	{ echo "# go run ./cmd/loadgen replay -json $(TIERS)"; $(HOSTLINE); $(GO) run ./cmd/loadgen replay -json $(TIERS); } > $(RESULTS)/replay-tiers.json
+
+# Routing without events on the embedded trace (about 3 minutes on 2
+# cores): kv against the approximate routers and kv_predict; their
+# accuracy as kv_approx_lru's capacity (x the engines' true blocks, at the
+# default pool and at a pressed one) and kv_approx_ttl's lifetime vary;
+# kv_predict on bursts. Tables and JSON into results/.
+APPROX_ROUTERS = -routers kv,kv_approx_lru,kv_approx_ttl,kv_predict
+APPROX_CAP ?= -sweep approx_capacity=0.25,0.5,1,2,4
+APPROX_TTL ?= -sweep approx_ttl=30,120,300,600,1200,3600
+replay-approx:
+	{ echo "# go run ./cmd/loadgen replay $(APPROX_ROUTERS)"; $(HOSTLINE); $(GO) run ./cmd/loadgen replay $(APPROX_ROUTERS); \
+	  for b in 16384 2048; do echo; echo "# go run ./cmd/loadgen replay -blocks $$b $(APPROX_CAP)"; $(GO) run ./cmd/loadgen replay -blocks $$b $(APPROX_CAP); done; \
+	  echo; echo "# go run ./cmd/loadgen replay $(APPROX_TTL)"; $(GO) run ./cmd/loadgen replay $(APPROX_TTL); \
+	  for r in 4 8 12; do echo; echo "# go run ./cmd/loadgen replay -burst -burst-rate $$r -routers kv,kv_predict,kv_approx_lru"; $(GO) run ./cmd/loadgen replay -burst -burst-rate $$r -routers kv,kv_predict,kv_approx_lru; done; } | tee $(RESULTS)/replay-approx.txt
+	{ echo "# go run ./cmd/loadgen replay -json -blocks 2048 $(APPROX_CAP)"; $(HOSTLINE); $(GO) run ./cmd/loadgen replay -json -blocks 2048 $(APPROX_CAP); } > $(RESULTS)/replay-approx-capacity.json
+	{ echo "# go run ./cmd/loadgen replay -json $(APPROX_TTL)"; $(HOSTLINE); $(GO) run ./cmd/loadgen replay -json $(APPROX_TTL); } > $(RESULTS)/replay-approx-ttl.json
 
 # Every SVG plot in results/, from the results files alone.
 plots:

@@ -10,6 +10,8 @@
 //	scaling-16core.txt   Scaling (go test -bench output)
 //	replay.json          TTFTCDF and Reuse
 //	replay-sweep.json    Frontier
+//	replay-tiers.json    Frontier
+//	replay-approx-capacity.json, replay-approx-ttl.json  Accuracy
 package plots
 
 import (
@@ -238,4 +240,6 @@ var All = []Spec{
 	{"replay.json", "plot-replay-reuse.svg", Reuse},
 	{"replay-sweep.json", "plot-replay-frontier.svg", Frontier},
 	{"replay-tiers.json", "plot-replay-tiers.svg", Frontier},
+	{"replay-approx-capacity.json", "plot-replay-approx-capacity.svg", Accuracy},
+	{"replay-approx-ttl.json", "plot-replay-approx-ttl.svg", Accuracy},
 }

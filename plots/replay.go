@@ -177,3 +177,50 @@ func otherSettings(settings map[string]float64, except string) string {
 	}
 	return strings.Join(kv, " ")
 }
+
+// Accuracy plots a one-setting sweep of an approximate router (replay
+// -sweep approx_capacity=... or approx_ttl=... -json): its precision and
+// recall, and its reuse as a share of the kv router's (from events), at
+// each value, on a log axis.
+func Accuracy(w io.Writer, src Source) error {
+	var rep replay.SweepReport
+	if err := src.JSON(&rep); err != nil {
+		return err
+	}
+	if len(rep.Points) == 0 {
+		return errNoData(src, "sweep points")
+	}
+	kv := slices.IndexFunc(rep.Results, func(r replay.Result) bool { return r.Router == replay.KV })
+	if kv < 0 || rep.Results[kv].ReuseRatio == 0 {
+		return errNoData(src, "kv baseline with reuse")
+	}
+	setting := firstSetting(rep.Points)
+	p := newPlot(fmt.Sprintf("Replay without events: %s's accuracy against %s (blocks %d)", rep.Points[0].Router, setting, rep.Blocks),
+		src, setting, "share")
+	logAxis(&p.X)
+	p.Legend.Top, p.Legend.Left = false, true
+	var prec, rec, reuse plotter.XYs
+	for _, pt := range rep.Points {
+		x := pt.Settings[setting]
+		if pt.ApproxPrecision != nil {
+			prec = append(prec, plotter.XY{X: x, Y: *pt.ApproxPrecision})
+		}
+		if pt.ApproxRecall != nil {
+			rec = append(rec, plotter.XY{X: x, Y: *pt.ApproxRecall})
+		}
+		reuse = append(reuse, plotter.XY{X: x, Y: pt.ReuseRatio / rep.Results[kv].ReuseRatio})
+	}
+	for i, l := range []struct {
+		name string
+		xys  plotter.XYs
+	}{{"approx_precision", prec}, {"approx_recall", rec}, {"reuse / kv's reuse", reuse}} {
+		if len(l.xys) == 0 {
+			continue
+		}
+		if err := addLine(p, i, l.name, l.xys); err != nil {
+			return err
+		}
+	}
+	p.Y.Min, p.Y.Max = 0, 1.1
+	return write(w, p)
+}

@@ -259,17 +259,27 @@ func printReplay(w io.Writer, rep replay.Report) {
 	row("requests/worker max", func(r replay.Result) string { return fmt.Sprint(r.Load.Max) })
 	row("requests/worker cv", func(r replay.Result) string { return fmt.Sprintf("%.3f", r.Load.CV) })
 	row("index events rejected", func(r replay.Result) string { return fmt.Sprint(r.RejectedEvents) })
+	row("approx precision", func(r replay.Result) string { return share(r.ApproxPrecision) })
+	row("approx recall", func(r replay.Result) string { return share(r.ApproxRecall) })
 	tw.Flush()
+}
+
+// share prints an optional share: "-" when there is none.
+func share(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.4f", *v)
 }
 
 // printSweep prints one line per point, after the baselines.
 func printSweep(w io.Writer, rep replay.SweepReport) {
 	printReplayHeader(w, rep.Report)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "router\tsettings\treuse\tefficiency\tttft mean ms\tttft p90 ms\tttft p99 ms\trequests/worker cv\t")
+	fmt.Fprintln(tw, "router\tsettings\treuse\tefficiency\tttft mean ms\tttft p90 ms\tttft p99 ms\trequests/worker cv\tapprox precision\tapprox recall\t")
 	line := func(label, settings string, r replay.Result) {
-		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.3f\t%.1f\t%.1f\t%.1f\t%.3f\t\n", label, settings,
-			r.ReuseRatio, r.RoutingEfficiency, r.TTFT.Mean, r.TTFT.P90, r.TTFT.P99, r.Load.CV)
+		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.3f\t%.1f\t%.1f\t%.1f\t%.3f\t%s\t%s\t\n", label, settings,
+			r.ReuseRatio, r.RoutingEfficiency, r.TTFT.Mean, r.TTFT.P90, r.TTFT.P99, r.Load.CV, share(r.ApproxPrecision), share(r.ApproxRecall))
 	}
 	for _, r := range rep.Results {
 		line(r.Router, "(defaults)", r)
