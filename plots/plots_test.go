@@ -49,13 +49,15 @@ func svgTexts(t *testing.T, b []byte) (string, []string) {
 // machine and commit of the fixture's header.
 func TestAllRender(t *testing.T) {
 	want := map[string][]string{
-		"plot-indexer-throughput.svg": {"single", "compressed/lanes=2", "saturation point", "offered block-ops/s (log)"},
-		"plot-indexer-latency.svg":    {"single", "compressed/lanes=2", "p99.9", "latency µs (log)"},
-		"plot-scaling.svg":            {"FindMatchesParallel/impl=tree", "FindMatchesParallel/impl=compressed", "Mixed/impl=single/reads=90", "cores (GOMAXPROCS, log)", "Test CPU x 16 cores, commit abc1234"},
-		"plot-replay-ttft-cdf.svg":    {"round_robin", "kv", "TTFT ms (log)"},
-		"plot-replay-reuse.svg":       {"pooled LRU of the fleet", "unbounded cache", "of pooled)"},
-		"plot-replay-frontier.svg":    {"overlap_weight sweep, temperature=0", "overlap_weight sweep, temperature=0.1", "kv (defaults)", "mean TTFT ms"},
-		"plot-replay-tiers.svg":       {"kv_tiers sweep, host tier 2x the device", "host_weight sweep", "kv (defaults)"},
+		"plot-indexer-throughput.svg":     {"single", "compressed/lanes=2", "saturation point", "offered block-ops/s (log)"},
+		"plot-indexer-latency.svg":        {"single", "compressed/lanes=2", "p99.9", "latency µs (log)"},
+		"plot-scaling.svg":                {"FindMatchesParallel/impl=tree", "FindMatchesParallel/impl=compressed", "Mixed/impl=single/reads=90", "cores (GOMAXPROCS, log)", "Test CPU x 16 cores, commit abc1234"},
+		"plot-replay-ttft-cdf.svg":        {"round_robin", "kv", "TTFT ms (log)"},
+		"plot-replay-reuse.svg":           {"pooled LRU of the fleet", "unbounded cache", "of pooled)"},
+		"plot-replay-frontier.svg":        {"overlap_weight sweep, temperature=0", "overlap_weight sweep, temperature=0.1", "kv (defaults)", "mean TTFT ms"},
+		"plot-replay-tiers.svg":           {"kv_tiers sweep, host tier 2x the device", "host_weight sweep", "kv (defaults)"},
+		"plot-replay-approx-capacity.svg": {"kv_approx_lru's accuracy against approx_capacity", "approx_precision", "approx_recall", "reuse / kv's reuse"},
+		"plot-replay-approx-ttl.svg":      {"kv_approx_ttl's accuracy against approx_ttl", "approx_recall"},
 	}
 	for _, spec := range All {
 		t.Run(spec.Output, func(t *testing.T) {

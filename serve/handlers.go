@@ -296,9 +296,10 @@ func (s *Service) query(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.answer(w, "query", "token_ids", len(q.TokenIDs), q.ModelName, q.TenantID, func(idx *index) ([]uint64, radix.OverlapScores, int, error) {
-		if idx.tiers || q.CacheSalt != "" { // the tier lookup needs the hashes too
+		// The tier lookup and the predictions need the hashes too.
+		if idx.tiers || q.CacheSalt != "" || len(idx.pred.state.Load().routed) > 0 {
 			local := hashing.LocalHashes(nil, q.TokenIDs, idx.blockSize, hashing.Options{LoRAName: q.LoRAName, Salt: q.CacheSalt})
-			res, err := idx.pool.FindMatches(local)
+			res, _, _, err := idx.match(local)
 			return local, res, len(local), err
 		}
 		res, err := idx.pool.FindMatchesForRequest(q.TokenIDs, q.LoRAName)
@@ -316,7 +317,7 @@ func (s *Service) queryByHash(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.answer(w, "query_by_hash", "block_hashes", len(q.BlockHashes), q.ModelName, q.TenantID, func(idx *index) ([]uint64, radix.OverlapScores, int, error) {
-		res, err := idx.pool.FindMatches(q.BlockHashes)
+		res, _, _, err := idx.match(q.BlockHashes)
 		return q.BlockHashes, res, len(q.BlockHashes), err
 	})
 }

@@ -29,7 +29,10 @@ type metrics struct {
 	saves     *prometheus.CounterVec   // state saves, by result
 	saveTime  prometheus.Histogram
 	lastSave  prometheus.Gauge // when the last good save ended
-	s         *Service
+	// The model's predictions against the events, on routes to modelled
+	// engines whose events flow (approx.go), by model.
+	predicted, reported, confirmed *prometheus.CounterVec
+	s                              *Service
 }
 
 var (
@@ -53,6 +56,8 @@ var (
 	descBadFrame  = prometheus.NewDesc("kvradix_subscriber_bad_frames_total", "An engine's live messages not [topic, 8-byte sequence, payload], or frames over the size limit.", []string{"model", "instance", "dp_rank"}, nil)
 	descEngines   = prometheus.NewDesc("kvradix_engines", "Registered engines (instance and rank) by status: active (subscribed to), pending (first dial in progress), failed (dials failed; retried).", []string{"model", "status"}, nil)
 	descDisconnct = prometheus.NewDesc("kvradix_subscriber_disconnects_total", "Receive errors on an engine's connection (it reconnects).", []string{"model", "instance", "dp_rank"}, nil)
+	descPredicted = prometheus.NewDesc("kvradix_engines_predicted", "Engines (instance and rank) routed on the model of their cache, by reason: event_free (registered without an endpoint), stale (no message for -events-stale-after).", []string{"model", "reason"}, nil)
+	descModeled   = prometheus.NewDesc("kvradix_engines_modeled", "Engines (instance and rank) registered with total_kv_blocks, whose cache the service models from its routes.", []string{"model"}, nil)
 )
 
 func newMetrics(s *Service) *metrics {
@@ -73,11 +78,18 @@ func newMetrics(s *Service) *metrics {
 		saveTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvradix_state_save_duration_seconds", Help: "Time to save the state (each index's engines paused while it is encoded).",
 			Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 10)}),
 		lastSave: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvradix_state_last_save_timestamp_seconds", Help: "When the last good save of the state ended, in Unix seconds."}),
-		s:        s,
+		predicted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvradix_approx_predicted_blocks_total",
+			Help: "Blocks the model of an engine's cache predicted on the engine a request was routed to, where the engine's events flow, by model."}, []string{"model"}),
+		reported: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvradix_approx_reported_blocks_total",
+			Help: "Blocks the engine's events said it held on those routes, by model."}, []string{"model"}),
+		confirmed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvradix_approx_confirmed_blocks_total",
+			Help: "Blocks both said, by model: over predicted, the model's precision; over reported, its recall."}, []string{"model"}),
+		s: s,
 	}
 	m.saves.WithLabelValues("ok")
 	m.saves.WithLabelValues("failed")
 	m.registry.MustRegister(m, m.queryTime, m.requested, m.matched, m.decisions, m.routeTime, m.routed, m.saves, m.saveTime, m.lastSave,
+		m.predicted, m.reported, m.confirmed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -106,6 +118,14 @@ func (m *metrics) observeRoute(model, tenant string, start time.Time, instance u
 	m.routed.WithLabelValues(model+":"+tenantOr(tenant), strconv.FormatUint(instance, 10)).Inc()
 }
 
+// observePrediction records how a modelled engine's prediction compared
+// with its events' overlap on one route.
+func (m *metrics) observePrediction(model string, predicted, events uint32) {
+	m.predicted.WithLabelValues(model).Add(float64(predicted))
+	m.reported.WithLabelValues(model).Add(float64(events))
+	m.confirmed.WithLabelValues(model).Add(float64(min(predicted, events)))
+}
+
 // observeSave records one save of the state, started at start, that
 // ended with *err (deferred).
 func (m *metrics) observeSave(start time.Time, err *error) {
@@ -126,7 +146,7 @@ func (m *metrics) handler() http.Handler {
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descApplied, descRejected, descIgnored, descPairs, descBytes, descDepth,
 		descGaps, descReplayed, descRestarts, descLost, descReceived, descDisconnct, descDown, descLastMsg, descBusSeq, descBusBad,
-		descRefused, descUndecod, descBadFrame, descEngines} {
+		descRefused, descUndecod, descBadFrame, descEngines, descPredicted, descModeled} {
 		ch <- d
 	}
 }
@@ -158,6 +178,17 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			gauge(descBusSeq, float64(idx.replica.Seq()), model)
 			counter(descBusBad, idx.replica.Bad(), model)
 		}
+		ps := idx.pred.state.Load()
+		gauge(descModeled, float64(len(ps.modeled)), model)
+		for _, reason := range []string{predictedEventFree, predictedStale} {
+			n := 0
+			for _, why := range ps.routed {
+				if why == reason {
+					n++
+				}
+			}
+			gauge(descPredicted, float64(n), model, reason)
+		}
 	}
 	engines := map[[2]string]int{}
 	for k := range s.instances {
@@ -178,6 +209,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	// Engines are labelled by model too: one instance id may serve two
 	// models, and "model:tenant" is unique (a tenant holds no ':').
 	for k, inst := range s.instances {
+		if inst.sub == nil {
+			continue // an engine without events
+		}
 		st, model, id, rank := inst.sub.Stats(), k.String(), fmt.Sprint(uint64(k.instance)), fmt.Sprint(k.rank)
 		counter(descGaps, st.GapsRepaired, model, id, rank, "repaired")
 		counter(descGaps, st.GapsLost, model, id, rank, "lost")

@@ -66,6 +66,10 @@ type Candidate struct {
 	DecodeBlocks   int     `json:"decode_blocks"`
 	ActiveRequests int     `json:"active_requests"`
 	Cost           float64 `json:"cost"`
+	// Predicted marks an instance routed on the model of its cache (no
+	// events, or stale ones): its overlap_blocks are the model's where
+	// greater than the events'.
+	Predicted bool `json:"predicted,omitempty"`
 }
 
 // modelRouter is one model's scheduler, over its registered instances
@@ -80,8 +84,16 @@ type modelRouter struct {
 // blocks and load; the service, which model's it is and when it expires.
 type route struct {
 	m    *modelRouter
-	name string // its request_id, when not a canonical UUID (see routeKey)
-	at   int64  // its deadline, Unix ns; 0 while being admitted
+	pred *predictions // its model's: its lease there ends with it
+	name string       // its request_id, when not a canonical UUID (see routeKey)
+	at   int64        // its deadline, Unix ns; 0 while being admitted
+}
+
+// end frees the request in the scheduler and its lease in the model of its
+// instance's cache (rt.m.mu held).
+func (rt *route) end(key uuid.UUID) {
+	_ = rt.m.sched.Free(key) // unknown to it: admitted on an instance as it left
+	_, _ = rt.pred.approx.Release(key)
 }
 
 // routeKey is the key request id is kept under, in the service and in the
@@ -205,7 +217,7 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 	if q.TokenIDs != nil {
 		local, isl = hashing.LocalHashes(nil, q.TokenIDs, idx.blockSize, hashing.Options{}), len(q.TokenIDs)
 	}
-	scores, err := idx.pool.FindMatches(local)
+	scores, predicted, pst, err := idx.match(local)
 	var tiers radix.TierScores
 	if err == nil && idx.tiers {
 		tiers, err = idx.pool.FindTierMatches(local)
@@ -232,10 +244,17 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusServiceUnavailable, fmt.Errorf("model %s:%s has no instance registered", k.model, k.tenant))
 		return
 	}
-	rt := &route{m: idx.router, name: name}
+	rt := &route{m: idx.router, pred: idx.pred, name: name}
 	s.routes[key] = rt
 	s.mu.Unlock()
 	wk, cands, err := rt.m.admit(key, idx.blockSize, isl, local, scores.Scores, tiers.Scores)
+	if err == nil {
+		if err = s.predict(k, idx, pst, key, wk, local, isl, predicted[wk], scores.Scores[wk]); err != nil {
+			rt.m.mu.Lock()
+			rt.end(key)
+			rt.m.mu.Unlock()
+		}
+	}
 	s.mu.Lock()
 	switch {
 	case s.routes[key] != rt: // its instance left meanwhile: freed
@@ -251,9 +270,11 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a := RouteAnswer{RequestID: q.RequestID, PromptBlocks: len(local), OverlapWeight: routeWeight, Candidates: cands}
-	for _, c := range cands {
-		if c.InstanceID == uint64(wk.ID) && c.DPRank == int(wk.DPRank) {
-			a.Candidate = c
+	for i, c := range cands {
+		w := kvevent.Worker{ID: kvevent.WorkerID(c.InstanceID), DPRank: kvevent.DPRank(c.DPRank)}
+		cands[i].Predicted = pst.routed[w] != ""
+		if w == wk {
+			a.Candidate = cands[i]
 		}
 	}
 	s.metrics.observeRoute(k.model, k.tenant, start, a.InstanceID)
@@ -280,10 +301,9 @@ func (s *Service) release(complete bool) http.HandlerFunc {
 		rt.m.mu.Lock()
 		s.mu.Unlock()
 		defer rt.m.mu.Unlock()
-		// Unknown to the scheduler: admitted on an instance as it left.
 		if complete {
-			_ = rt.m.sched.Free(key)
-		} else {
+			rt.end(key)
+		} else { // unknown to the scheduler: admitted on an instance as it left
 			_ = rt.m.sched.MarkPrefillCompleted(key)
 		}
 		reply(w, http.StatusOK, map[string]string{"request_id": id})
@@ -326,6 +346,9 @@ func (s *Service) expire() {
 			return
 		case now := <-t.C:
 			s.expireBy(now.UnixNano())
+			s.mu.Lock()
+			s.checkStale(now)
+			s.mu.Unlock()
 		}
 	}
 }
@@ -342,7 +365,7 @@ func (s *Service) expireBy(now int64) {
 		if rt := s.routes[e.key]; rt != nil && rt.at != 0 && now > rt.at {
 			delete(s.routes, e.key)
 			rt.m.mu.Lock()
-			_ = rt.m.sched.Free(e.key)
+			rt.end(e.key)
 			rt.m.mu.Unlock()
 		}
 	}

@@ -100,6 +100,10 @@ type Config struct {
 	// Recover restores an empty service from the first whose GET /dump
 	// answers (see peers.go). POST /register_peer adds more.
 	Peers []string
+	// EventsStaleAfter, if set, routes an engine registered with
+	// total_kv_blocks on its model's predictions while no message of its
+	// has come for this long (see approx.go); 0 never does.
+	EventsStaleAfter time.Duration
 }
 
 // Bounds of Config's fields: New floors or caps a field past them (a
@@ -163,6 +167,7 @@ type instanceKey struct {
 
 type index struct {
 	pool      *shardpool.Pool
+	pred      *predictions // the engines registered with total_kv_blocks (approx.go)
 	blockSize int
 	tiers     bool // the pool keeps every tier
 	router    *modelRouter
@@ -191,12 +196,19 @@ func (idx *index) close() error {
 		idx.replica.Close()
 		idx.bus.Close()
 	}
+	_ = idx.pred.approx.Close()
 	return idx.pool.Close()
 }
 
 type instance struct {
-	reg Registration
-	sub *vllm.Subscriber
+	reg   Registration
+	sub   *vllm.Subscriber // nil for an engine without events
+	since time.Time        // when it was subscribed to (or registered, without events)
+}
+
+// worker is the instance's (instance, rank) in its model's index.
+func (k instanceKey) worker() kvevent.Worker {
+	return kvevent.Worker{ID: k.instance, DPRank: kvevent.DPRank(k.rank)}
 }
 
 // Service is the index service: the registry of engines and their
@@ -261,7 +273,16 @@ type Registration struct {
 	RoutingGroup   string `json:"routing_group,omitempty"` // Dynamo's name of the partition; tenant_id is its synonym
 	DPRank         int    `json:"dp_rank,omitempty"`
 	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
+	// TotalKVBlocks is the engine's KV pool in blocks (vLLM's
+	// num_gpu_blocks, Dynamo's total_kv_blocks). With it the service models
+	// the engine's cache from the requests it routes there (approx.go);
+	// with it and no endpoint, the engine publishes no events and is
+	// routed on that model alone.
+	TotalKVBlocks int `json:"total_kv_blocks,omitempty"`
 }
+
+// MaxKVBlocks bounds Registration.TotalKVBlocks.
+const MaxKVBlocks = 1 << 32
 
 func (x *Registration) partition() (*string, string) { return &x.TenantID, x.RoutingGroup }
 
@@ -301,7 +322,13 @@ func (r *Registration) check() error {
 	switch {
 	case r.DPRank < 0 || r.DPRank > int(kvevent.MaxDPRank):
 		return invalid("dp_rank: %d, want 0 to %d", r.DPRank, kvevent.MaxDPRank)
-	case !validEndpoint(r.Endpoint):
+	case r.TotalKVBlocks < 0 || r.TotalKVBlocks > MaxKVBlocks:
+		return invalid("total_kv_blocks: %d, want 1 to %d (or absent)", r.TotalKVBlocks, MaxKVBlocks)
+	case r.Endpoint == "" && r.TotalKVBlocks == 0:
+		return invalid("endpoint: missing (an engine without events needs total_kv_blocks)")
+	case r.Endpoint == "" && r.ReplayEndpoint != "":
+		return invalid("replay_endpoint: %q without an endpoint", r.ReplayEndpoint)
+	case r.Endpoint != "" && !validEndpoint(r.Endpoint):
 		return invalid("endpoint: %q, want tcp://host:port or ipc://path", r.Endpoint)
 	case r.ReplayEndpoint != "" && !validEndpoint(r.ReplayEndpoint):
 		return invalid("replay_endpoint: %q, want tcp://host:port or ipc://path", r.ReplayEndpoint)
@@ -353,6 +380,11 @@ func (s *Service) subscribe(r Registration, resumeAt uint64) error {
 	ctx, idx, created, err := s.reserve(key, d)
 	if err != nil {
 		return err
+	}
+	if r.Endpoint == "" { // no events: nothing to dial
+		s.complete(key, idx, created, d, nil)
+		s.dialing.Done()
+		return nil
 	}
 	go s.dialUntilUp(ctx, key, idx, created, d)
 	return nil
@@ -428,8 +460,11 @@ func (s *Service) complete(key instanceKey, idx *index, created bool, d *dial, s
 		delete(s.pending, key)
 	}
 	d.cancel()
-	if sub != nil && reserved {
-		s.instances[key] = &instance{reg: d.reg, sub: sub}
+	if reserved && (sub != nil || d.reg.Endpoint == "") {
+		s.instances[key] = &instance{reg: d.reg, sub: sub, since: time.Now()}
+		if n := d.reg.TotalKVBlocks; n > 0 {
+			_ = idx.pred.model(key.worker(), n, sub == nil) // no error: n was checked
+		}
 		s.mu.Unlock()
 		return
 	}
@@ -528,6 +563,7 @@ func (s *Service) Unregister(u Unregistration) error {
 		if u.names(key) {
 			delete(s.instances, key)
 			gone = append(gone, leaving{key, inst, s.indexes[key.modelKey]})
+			s.indexes[key.modelKey].pred.forget(key.worker())
 		}
 	}
 	// The requests in flight there are freed with them: their ids may be
@@ -550,8 +586,8 @@ func (s *Service) Unregister(u Unregistration) error {
 	}
 	gone = append(gone, dials...)
 	for _, g := range gone {
-		if g.inst == nil {
-			continue // dialled, never subscribed to: done above
+		if g.inst == nil || g.inst.sub == nil {
+			continue // dialled, never subscribed to: done above; or without events
 		}
 		_ = g.inst.sub.Close()
 		// The blocks of every rank the engine wrote leave (its batches may
@@ -618,7 +654,7 @@ func (s *Service) Ready() (bool, string) {
 	}
 	catching := 0
 	for _, inst := range s.instances {
-		if !inst.sub.CaughtUp() {
+		if inst.sub != nil && !inst.sub.CaughtUp() {
 			catching++
 		}
 	}
@@ -647,9 +683,15 @@ func (s *Service) firstDialsLocked() int {
 // they are retried), else "pending" if one's first dial is in progress,
 // else "active".
 type Worker struct {
-	InstanceID   uint64              `json:"instance_id"`
-	Source       string              `json:"source"` // "zmq"
-	Status       string              `json:"status"`
+	InstanceID uint64 `json:"instance_id"`
+	Source     string `json:"source"` // "zmq", or "none" for an engine without events
+	Status     string `json:"status"`
+	// TotalKVBlocks is the registration's (its ranks' greatest), when
+	// given: the service models the engine's cache (see approx.go).
+	TotalKVBlocks int `json:"total_kv_blocks,omitempty"`
+	// Predicted is why the engine is routed on that model, if it is:
+	// "event_free" or "stale" (its ranks' first reason).
+	Predicted    string              `json:"predicted,omitempty"`
 	ModelName    string              `json:"model_name"`
 	RoutingGroup string              `json:"routing_group"`
 	BlockSize    int                 `json:"block_size"`
@@ -679,7 +721,8 @@ func (s *Service) Workers(model, group string) []Worker {
 		instance kvevent.WorkerID
 	}
 	byKey := map[key]*Worker{}
-	add := func(ik instanceKey, endpoint string, l Listener) {
+	add := func(ik instanceKey, reg Registration, l Listener) {
+		endpoint := reg.Endpoint
 		if model != "" && ik.model != model || group != "" && ik.tenant != group {
 			return
 		}
@@ -688,10 +731,17 @@ func (s *Service) Workers(model, group string) []Worker {
 		if w == nil {
 			w = &Worker{InstanceID: uint64(ik.instance), Source: "zmq", Status: l.Status, ModelName: ik.model, RoutingGroup: ik.tenant,
 				Endpoints: map[string]string{}, Listeners: map[string]Listener{}}
+			if endpoint == "" {
+				w.Source = "none"
+			}
 			if idx := s.indexes[ik.modelKey]; idx != nil {
 				w.BlockSize = idx.blockSize
 			}
 			byKey[k] = w
+		}
+		w.TotalKVBlocks = max(w.TotalKVBlocks, reg.TotalKVBlocks)
+		if idx := s.indexes[ik.modelKey]; idx != nil && w.Predicted == "" {
+			w.Predicted = idx.pred.state.Load().routed[ik.worker()]
 		}
 		if statusRank[l.Status] > statusRank[w.Status] {
 			w.Status = l.Status
@@ -704,10 +754,10 @@ func (s *Service) Workers(model, group string) []Worker {
 		if d.err != nil {
 			l.Status, l.LastError = "failed", d.err.Error()
 		}
-		add(ik, d.reg.Endpoint, l)
+		add(ik, d.reg, l)
 	}
 	for ik, inst := range s.instances {
-		add(ik, inst.reg.Endpoint, Listener{Endpoint: inst.reg.Endpoint, Status: "active"})
+		add(ik, inst.reg, Listener{Endpoint: inst.reg.Endpoint, Status: "active"})
 	}
 	out := make([]Worker, 0, len(byKey))
 	for _, w := range byKey {
@@ -766,7 +816,7 @@ func newPool(lanes, blockSize int, tiers bool) *shardpool.Pool {
 
 // indexOver returns the index of pool, with its router.
 func indexOver(pool *shardpool.Pool, blockSize int) *index {
-	return &index{pool: pool, sink: pool, blockSize: blockSize, tiers: pool.KeepsTiers(), router: &modelRouter{}}
+	return &index{pool: pool, sink: pool, blockSize: blockSize, tiers: pool.KeepsTiers(), router: &modelRouter{}, pred: newPredictions(blockSize)}
 }
 
 // Close stops every subscriber and, with Config.StateDir, saves the state
@@ -788,7 +838,9 @@ func (s *Service) Close() error {
 	var err error
 	resumeAt := map[instanceKey]uint64{}
 	for k, inst := range s.instances {
-		err = errors.Join(err, inst.sub.Close())
+		if inst.sub != nil {
+			err = errors.Join(err, inst.sub.Close())
+		}
 		resumeAt[k] = resumePoint(inst)
 	}
 	if s.cfg.StateDir != "" {

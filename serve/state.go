@@ -304,7 +304,7 @@ func (s *Service) Save(ctx context.Context) (err error) {
 // resumeAt, and encodes the index, flushed (regMu held).
 func (s *Service) cut(ctx context.Context, k modelKey, idx *index, resumeAt map[instanceKey]uint64) ([]byte, error) {
 	for ik, inst := range s.instances {
-		if ik.modelKey != k {
+		if ik.modelKey != k || inst.sub == nil {
 			continue
 		}
 		resume, err := inst.sub.Pause(ctx)
@@ -436,6 +436,9 @@ func writeAtomic(dir, name string, data []byte) error {
 // resumePoint is where an engine's stream stands once its subscriber is
 // closed: the first batch not applied.
 func resumePoint(inst *instance) uint64 {
+	if inst.sub == nil {
+		return 0
+	}
 	if r := inst.sub.Received(); len(r) > 0 {
 		return r[0]
 	}

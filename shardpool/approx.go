@@ -446,6 +446,27 @@ func (a *Approx) RemoveWorker(id kvevent.WorkerID) error {
 	return nil
 }
 
+// Forget drops what the index predicts of one (worker, rank), its leases
+// with it (an engine that left, or that publishes events again).
+func (a *Approx) Forget(w kvevent.Worker) error {
+	if a.closed.Load() {
+		return ErrClosed
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ranks[w] == nil {
+		return nil
+	}
+	delete(a.ranks, w)
+	for req, l := range a.leases {
+		if l.rank.w == w {
+			delete(a.leases, req)
+		}
+	}
+	a.apply(w, kvevent.Cleared{})
+	return nil
+}
+
 // Flush implements Indexer: predictions are applied as they are made.
 func (a *Approx) Flush() (int, error) {
 	if a.closed.Load() {

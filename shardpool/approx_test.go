@@ -360,3 +360,22 @@ func TestApproxLRUAgainstModel(t *testing.T) {
 		}
 	}
 }
+
+func TestApproxForgetsOneRank(t *testing.T) {
+	a := newApprox(t, shardpool.ApproxConfig{Policy: shardpool.ApproxLRU, Capacity: 100})
+	r1 := kvevent.Worker{ID: 0, DPRank: 1}
+	l, s := chain(1, 3, 1, 3)
+	check(t, a.Predict(reqID(0), w0, l, s, 0))
+	check(t, a.Predict(reqID(1), r1, l, s, 0))
+	check(t, a.Forget(w0))
+	check(t, a.Forget(kvevent.Worker{ID: 9})) // never predicted: nothing to do
+	if got := score(t, a, l); len(got) != 1 || got[r1] != 3 {
+		t.Fatalf("after forgetting rank 0: %v, want rank 1's 3 blocks alone", got)
+	}
+	if ok, _ := a.Release(reqID(0)); ok {
+		t.Fatal("a forgotten rank's lease released")
+	}
+	if st := a.ApproxStats(); st.Blocks != 3 || st.Leased != 1 {
+		t.Fatalf("stats %+v: want 3 blocks, 1 lease", st)
+	}
+}
