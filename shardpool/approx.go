@@ -95,6 +95,7 @@ type Approx struct {
 	expiry  []approxExpiry // ApproxTTL: (rank, hash, time) in expiry order; stale ones skipped
 	head    int            // expiry[:head] are done
 	touched []*approxRank  // ranks with removals to apply
+	stored  []kvevent.StoredBlock
 	st      ApproxStats
 }
 
@@ -110,28 +111,33 @@ type ApproxStats struct {
 	Leased      int    // requests holding a lease now
 }
 
-// approxRank is one (worker, rank)'s predicted pool.
+// approxRank is one (worker, rank)'s predicted pool. Its blocks live in
+// one slice and link by index, so that neither they nor the map holds a
+// pointer for the collector to scan.
 type approxRank struct {
 	w        kvevent.Worker
 	capacity int
-	used     int // blocks held and leased private blocks
-	held     map[uint64]*approxCopy
-	free     approxCopy // sentinel of released copies; free.next is the oldest
-	gone     []uint64   // hashes whose last copy went, not yet applied
+	used     int              // blocks held and leased private blocks
+	held     map[uint64]int32 // a held block's index in blocks
+	// blocks[0] is the sentinel of the free list of released blocks:
+	// blocks[0].next is the oldest (ApproxLRU).
+	blocks []approxBlock
+	spare  []int32  // indexes of blocks dropped, for reuse
+	gone   []uint64 // hashes dropped, not yet applied
 }
 
-// approxCopy is a block in a rank's pool.
-type approxCopy struct {
+// approxBlock is a block in a rank's pool.
+type approxBlock struct {
 	hash       uint64
-	leases     int32
 	expires    time.Duration // ApproxTTL
-	prev, next *approxCopy   // the free list, while released (ApproxLRU)
+	leases     int32         // ApproxLRU; a held block with none is on the free list
+	prev, next int32         // the free list
 }
 
 // approxLease is what a routed request holds until Release.
 type approxLease struct {
 	rank    *approxRank
-	copies  []*approxCopy
+	blocks  []int32
 	private int
 }
 
@@ -181,16 +187,16 @@ func (a *Approx) now() time.Duration {
 func (a *Approx) rank(w kvevent.Worker) *approxRank {
 	r := a.ranks[w]
 	if r == nil {
-		r = &approxRank{w: w, capacity: a.cfg.Capacity, held: make(map[uint64]*approxCopy)}
-		r.free.prev, r.free.next = &r.free, &r.free
+		n := min(a.cfg.Capacity, 1<<12)
+		r = &approxRank{w: w, capacity: a.cfg.Capacity, held: make(map[uint64]int32, n), blocks: make([]approxBlock, 1, n+1)}
 		a.ranks[w] = r
 	}
 	return r
 }
 
 // Predict records that request id was routed to w: local are its complete
-// prompt blocks' local hashes and seq their sequence hashes (equal
-// lengths), extra the blocks it takes beyond them (its partial prompt
+// prompt blocks' local hashes and seq their sequence hashes
+// (hashing.SequenceHashes of local, which the index relies on), extra the blocks it takes beyond them (its partial prompt
 // block and its output; ApproxLRU counts them against the capacity until
 // Release). An id already leased is an error.
 func (a *Approx) Predict(id uuid.UUID, w kvevent.Worker, local, seq []uint64, extra int) error {
@@ -211,7 +217,7 @@ func (a *Approx) Predict(id uuid.UUID, w kvevent.Worker, local, seq []uint64, ex
 	a.st.Predictions++
 	if a.cfg.Policy == ApproxTTL {
 		t := now + a.ttl
-		a.place(r, local, seq, func(_ int, c *approxCopy) { c.expires = t })
+		a.place(r, local, seq, func(_ int, b *approxBlock, _ int32, _ bool) { b.expires = t })
 		// Expiries are queued deepest block first: a request's blocks expire
 		// tail first.
 		for j := len(seq) - 1; j >= 0; j-- {
@@ -219,13 +225,13 @@ func (a *Approx) Predict(id uuid.UUID, w kvevent.Worker, local, seq []uint64, ex
 		}
 		return nil
 	}
-	l := approxLease{rank: r, copies: make([]*approxCopy, len(seq)), private: extra}
-	a.place(r, local, seq, func(j int, c *approxCopy) {
-		if c.leases == 0 && c.next != nil {
-			c.unlink()
+	l := approxLease{rank: r, blocks: make([]int32, len(seq)), private: extra}
+	a.place(r, local, seq, func(j int, b *approxBlock, i int32, made bool) {
+		if !made && b.leases == 0 {
+			r.unlink(i) // released: leased again
 		}
-		c.leases++
-		l.copies[j] = c
+		b.leases++
+		l.blocks[j] = i
 	})
 	r.used += extra
 	a.leases[id] = l
@@ -233,44 +239,63 @@ func (a *Approx) Predict(id uuid.UUID, w kvevent.Worker, local, seq []uint64, ex
 	return nil
 }
 
-// place hands each of seq's blocks on r to took, making the blocks r does
-// not hold (with chain hashes, every block after the first it lacks) and
-// storing them in the tree: runs of them, each under its parent, which r
-// holds (every block before it in seq was placed already).
-func (a *Approx) place(r *approxRank, local, seq []uint64, took func(j int, c *approxCopy)) {
-	var st kvevent.Stored
-	flush := func() {
-		if len(st.Blocks) > 0 {
-			a.apply(r.w, st)
-		}
-		st = kvevent.Stored{}
-	}
+// place hands each of seq's blocks on r to took: the leading ones r
+// holds, then the rest, made (and said so) and stored in the tree in one
+// run under the last one held.
+//
+// A rank's blocks are closed under parents: every lease and refresh of a
+// block is one of its parent too, and a parent is released (or expires)
+// with its child or later, and goes after it. So past the first block the
+// rank lacks it lacks every one (seq being sequence hashes), and they are
+// made without looking them up.
+func (a *Approx) place(r *approxRank, local, seq []uint64, took func(j int, b *approxBlock, i int32, made bool)) {
 	hits := 0
-	for hits < len(seq) && r.held[seq[hits]] != nil {
-		hits++
-	}
-	for j, h := range seq {
-		c := r.held[h]
-		if c != nil {
-			flush()
-			took(j, c)
-			continue
+	for ; hits < len(seq); hits++ {
+		i, ok := r.held[seq[hits]]
+		if !ok {
+			break
 		}
-		c = &approxCopy{hash: h}
-		if len(st.Blocks) == 0 {
-			st = kvevent.Stored{HasParent: j > 0, Blocks: make([]kvevent.StoredBlock, 0, len(seq)-j)}
-			if j > 0 {
-				st.ParentHash = seq[j-1]
-			}
-		}
-		st.Blocks = append(st.Blocks, kvevent.StoredBlock{BlockHash: h, TokensHash: local[j]})
-		r.held[h] = c
-		r.used++
-		a.st.NewBlocks++
-		took(j, c)
+		took(hits, &r.blocks[i], i, false)
 	}
 	a.st.HitBlocks += uint64(hits)
-	flush()
+	if hits == len(seq) {
+		return
+	}
+	for j := hits; j < len(seq); j++ {
+		i := r.newBlock(seq[j])
+		r.held[seq[j]] = i
+		took(j, &r.blocks[i], i, true)
+	}
+	r.used += len(seq) - hits
+	a.st.NewBlocks += uint64(len(seq) - hits)
+	a.storeRun(r.w, local, seq, hits, len(seq))
+}
+
+// storeRun stores seq[from:to] on w, under seq[from-1], through a buffer
+// the tree does not keep.
+func (a *Approx) storeRun(w kvevent.Worker, local, seq []uint64, from, to int) {
+	st := kvevent.Stored{HasParent: from > 0, Blocks: a.stored[:0]}
+	if from > 0 {
+		st.ParentHash = seq[from-1]
+	}
+	for j := from; j < to; j++ {
+		st.Blocks = append(st.Blocks, kvevent.StoredBlock{BlockHash: seq[j], TokensHash: local[j]})
+	}
+	a.apply(w, st)
+	a.stored = st.Blocks[:0]
+}
+
+// newBlock returns the index of a new block of hash h, reusing a dropped
+// one if any: a steady index allocates none.
+func (r *approxRank) newBlock(h uint64) int32 {
+	if n := len(r.spare); n > 0 {
+		i := r.spare[n-1]
+		r.spare = r.spare[:n-1]
+		r.blocks[i] = approxBlock{hash: h}
+		return i
+	}
+	r.blocks = append(r.blocks, approxBlock{hash: h})
+	return int32(len(r.blocks) - 1)
 }
 
 // apply applies one predicted event to the tree; the index builds only
@@ -298,11 +323,11 @@ func (a *Approx) Release(id uuid.UUID) (bool, error) {
 	delete(a.leases, id)
 	r := l.rank
 	a.st.Releases++
-	for j := len(l.copies) - 1; j >= 0; j-- {
-		if c := l.copies[j]; c != nil {
-			if c.leases--; c.leases == 0 {
-				r.pushFree(c)
-			}
+	for j := len(l.blocks) - 1; j >= 0; j-- {
+		i := l.blocks[j]
+		b := &r.blocks[i]
+		if b.leases--; b.leases == 0 {
+			r.pushFree(i)
 		}
 	}
 	r.used -= l.private
@@ -327,34 +352,41 @@ func (a *Approx) SetCapacity(w kvevent.Worker, blocks int) error {
 	return nil
 }
 
-func (r *approxRank) pushFree(c *approxCopy) {
-	c.prev, c.next = r.free.prev, &r.free
-	r.free.prev.next = c
-	r.free.prev = c
+// pushFree puts block i last on the free list.
+func (r *approxRank) pushFree(i int32) {
+	last := r.blocks[0].prev
+	r.blocks[i].prev, r.blocks[i].next = last, 0
+	r.blocks[last].next = i
+	r.blocks[0].prev = i
 }
 
-func (c *approxCopy) unlink() {
-	c.prev.next, c.next.prev = c.next, c.prev
-	c.prev, c.next = nil, nil
+// unlink takes block i off the free list.
+func (r *approxRank) unlink(i int32) {
+	b := &r.blocks[i]
+	r.blocks[b.prev].next, r.blocks[b.next].prev = b.next, b.prev
+	b.prev, b.next = 0, 0
 }
 
-// drop takes block c out of r, noting it gone.
-func (a *Approx) drop(r *approxRank, c *approxCopy) {
-	delete(r.held, c.hash)
+// drop takes block i out of r, noting it gone; released or expired,
+// nothing else names it, and its index is reused.
+func (a *Approx) drop(r *approxRank, i int32) {
+	h := r.blocks[i].hash
+	delete(r.held, h)
 	if len(r.gone) == 0 {
 		a.touched = append(a.touched, r)
 	}
-	r.gone = append(r.gone, c.hash)
+	r.gone = append(r.gone, h)
 	r.used--
+	r.spare = append(r.spare, i)
 }
 
-// evict drops r's oldest released copies while it holds more than its
+// evict drops r's oldest released blocks while it holds more than its
 // capacity (ApproxLRU), then applies the removals.
 func (a *Approx) evict(r *approxRank) {
-	for r.used > r.capacity && r.free.next != &r.free {
-		c := r.free.next
-		c.unlink()
-		a.drop(r, c)
+	for r.used > r.capacity && r.blocks[0].next != 0 {
+		i := r.blocks[0].next
+		r.unlink(i)
+		a.drop(r, i)
 		a.st.Evicted++
 	}
 	a.applyGone()
@@ -367,8 +399,8 @@ func (a *Approx) expire(now time.Duration) {
 		e := a.expiry[a.head]
 		a.expiry[a.head] = approxExpiry{}
 		a.head++
-		if c := e.rank.held[e.hash]; c != nil && c.expires == e.expires && a.ranks[e.rank.w] == e.rank {
-			a.drop(e.rank, c)
+		if i, ok := e.rank.held[e.hash]; ok && e.rank.blocks[i].expires == e.expires && a.ranks[e.rank.w] == e.rank {
+			a.drop(e.rank, i)
 			a.st.Expired++
 		}
 	}
