@@ -306,58 +306,79 @@ func (m *lruModel) scores(seq []uint64) map[kvevent.Worker]uint32 {
 
 // TestApproxLRUAgainstModel drives the index and the plain model with the
 // same random routings and completions over prefixes shared by many
-// requests, and checks every request's scores and the copies after each
+// requests, and checks every request's scores and the blocks after each
 // step.
 func TestApproxLRUAgainstModel(t *testing.T) {
 	for seed := range uint64(8) {
 		rng := rand.New(rand.NewPCG(seed, 1))
-		a := newApprox(t, shardpool.ApproxConfig{Policy: shardpool.ApproxLRU, Capacity: 12})
-		m := &lruModel{capacity: map[kvevent.Worker]int{}, copies: map[kvevent.Worker][]*modelCopy{}, extra: map[kvevent.Worker]int{},
-			leases: map[uuid.UUID][]*modelCopy{}, leaseW: map[uuid.UUID]kvevent.Worker{}, leaseX: map[uuid.UUID]int{}}
-		workers := []kvevent.Worker{{ID: 0}, {ID: 1}, {ID: 1, DPRank: 1}}
-		for _, w := range workers {
-			m.capacity[w] = 12
+		againstModel(t, 600, rng.IntN)
+	}
+}
+
+// FuzzApproxLRU is TestApproxLRUAgainstModel with the fuzzer's choices.
+func FuzzApproxLRU(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 200, 100, 50})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		next := 0
+		againstModel(t, len(data)/2, func(n int) int {
+			if next >= len(data) {
+				return 0
+			}
+			next++
+			return int(data[next-1]) % n
+		})
+	})
+}
+
+// againstModel runs steps random operations (choose(n) picks in [0, n))
+// on an index and the model, checking them equal after each.
+func againstModel(t *testing.T, steps int, choose func(n int) int) {
+	a := newApprox(t, shardpool.ApproxConfig{Policy: shardpool.ApproxLRU, Capacity: 12})
+	m := &lruModel{capacity: map[kvevent.Worker]int{}, copies: map[kvevent.Worker][]*modelCopy{}, extra: map[kvevent.Worker]int{},
+		leases: map[uuid.UUID][]*modelCopy{}, leaseW: map[uuid.UUID]kvevent.Worker{}, leaseX: map[uuid.UUID]int{}}
+	workers := []kvevent.Worker{{ID: 0}, {ID: 1}, {ID: 1, DPRank: 1}}
+	for _, w := range workers {
+		m.capacity[w] = 12
+	}
+	var live []uuid.UUID
+	var asked [][2][]uint64
+	for i := range steps {
+		switch op := choose(10); {
+		case op < 5 || len(live) == 0:
+			local, seq := chain(choose(4), choose(5), i, 1+choose(6))
+			w, extra := workers[choose(len(workers))], choose(3)
+			check(t, a.Predict(reqID(i), w, local, seq, extra))
+			m.predict(reqID(i), w, seq, extra)
+			live = append(live, reqID(i))
+			asked = append(asked, [2][]uint64{local, seq})
+		case op < 9:
+			k := choose(len(live))
+			if ok, err := a.Release(live[k]); !ok || err != nil {
+				t.Fatalf("step %d: release: %v %v", i, ok, err)
+			}
+			m.release(live[k])
+			live = slices.Delete(live, k, k+1)
+		default:
+			w, c := workers[choose(len(workers))], 4+choose(16)
+			check(t, a.SetCapacity(w, c))
+			m.capacity[w] = c
+			m.evict(w)
 		}
-		var live []uuid.UUID
-		var asked [][2][]uint64
-		for i := range 600 {
-			switch op := rng.IntN(10); {
-			case op < 5 || len(live) == 0:
-				local, seq := chain(rng.IntN(4), rng.IntN(5), i, 1+rng.IntN(6))
-				w, extra := workers[rng.IntN(len(workers))], rng.IntN(3)
-				check(t, a.Predict(reqID(i), w, local, seq, extra))
-				m.predict(reqID(i), w, seq, extra)
-				live = append(live, reqID(i))
-				asked = append(asked, [2][]uint64{local, seq})
-			case op < 9:
-				k := rng.IntN(len(live))
-				if ok, err := a.Release(live[k]); !ok || err != nil {
-					t.Fatalf("seed %d step %d: release: %v %v", seed, i, ok, err)
-				}
-				m.release(live[k])
-				live = slices.Delete(live, k, k+1)
-			default:
-				w, c := workers[rng.IntN(len(workers))], 4+rng.IntN(16)
-				check(t, a.SetCapacity(w, c))
-				m.capacity[w] = c
-				m.evict(w)
-			}
-			for _, q := range asked[max(0, len(asked)-20):] {
-				if got, want := score(t, a, q[0]), m.scores(q[1]); !maps.Equal(got, want) {
-					t.Fatalf("seed %d step %d: scores %v, model %v", seed, i, got, want)
-				}
-			}
-			copies := 0
-			for _, cs := range m.copies {
-				copies += len(cs)
-			}
-			if st := a.ApproxStats(); st.Blocks != copies || st.Leased != len(live) {
-				t.Fatalf("seed %d step %d: %d blocks %d leases, model %d %d", seed, i, st.Blocks, st.Leased, copies, len(live))
+		for _, q := range asked[max(0, len(asked)-20):] {
+			if got, want := score(t, a, q[0]), m.scores(q[1]); !maps.Equal(got, want) {
+				t.Fatalf("step %d: scores %v, model %v", i, got, want)
 			}
 		}
-		if st := a.Stats(); st.Rejected() != 0 {
-			t.Fatalf("seed %d: the tree refused a predicted event: %s", seed, st.LastRejection)
+		blocks := 0
+		for _, cs := range m.copies {
+			blocks += len(cs)
 		}
+		if st := a.ApproxStats(); st.Blocks != blocks || st.Leased != len(live) {
+			t.Fatalf("step %d: %d blocks %d leases, model %d %d", i, st.Blocks, st.Leased, blocks, len(live))
+		}
+	}
+	if st := a.Stats(); st.Rejected() != 0 {
+		t.Fatalf("the tree refused a predicted event: %s", st.LastRejection)
 	}
 }
 
