@@ -2,7 +2,6 @@ package bench
 
 import (
 	"encoding/binary"
-	"sync"
 	"testing"
 
 	"github.com/google/uuid"
@@ -10,35 +9,12 @@ import (
 	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
-	"github.com/kvradix/kvradix/replay"
 	"github.com/kvradix/kvradix/shardpool"
-	"github.com/kvradix/kvradix/trace"
-)
-
-var (
-	approxOnce sync.Once
-	approxOps  []replay.Op
-	approxErr  error
 )
 
 // approxWorkload is the whole embedded trace on 16 workers of 2,048
 // blocks: pools that fill and evict, as a router's index lives.
-func approxWorkload(b *testing.B) []replay.Op {
-	approxOnce.Do(func() {
-		reqs, err := trace.ReadAll(trace.Default())
-		if err != nil {
-			approxErr = err
-			return
-		}
-		cfg := replay.DefaultConfig()
-		cfg.Workers, cfg.Blocks = 16, 2048
-		approxOps, approxErr = replay.Workload(reqs, cfg)
-	})
-	if approxErr != nil {
-		b.Fatal(approxErr)
-	}
-	return approxOps
-}
+var approxWorkload = &workload{workers: 16, blocks: 2048}
 
 // BenchmarkApproxCost is what routing without events costs the index, per
 // block, over the whole trace on 16 workers of 2,048 blocks (pools that
@@ -59,7 +35,7 @@ func approxWorkload(b *testing.B) []replay.Op {
 // kind in a process of its own (-bench 'ApproxCost/kind=predict'): a kind
 // run after the other finds the heap grown.
 func BenchmarkApproxCost(b *testing.B) {
-	ops := approxWorkload(b)
+	ops := approxWorkload.get(b)
 	type routed struct {
 		w          kvevent.Worker
 		local, seq []uint64

@@ -9,37 +9,47 @@ import (
 	"github.com/kvradix/kvradix/trace"
 )
 
-var (
-	traceOnce sync.Once
-	traceOps  []replay.Op
-	traceErr  error
-)
+// workload is a trace-derived timeline (replay.Workload), built once per
+// test binary on first use.
+type workload struct {
+	requests        int // the trace's first requests (0: all)
+	workers, blocks int
+	once            sync.Once
+	ops             []replay.Op
+	err             error
+}
+
+// get returns the workload, building it the first time.
+func (w *workload) get(b *testing.B) []replay.Op {
+	w.once.Do(func() {
+		reqs, err := trace.ReadAll(trace.Default())
+		if err != nil {
+			w.err = err
+			return
+		}
+		if w.requests > 0 {
+			reqs = reqs[:w.requests]
+		}
+		cfg := replay.DefaultConfig()
+		cfg.Workers, cfg.Blocks = w.workers, w.blocks
+		w.ops, w.err = replay.Workload(reqs, cfg)
+	})
+	if w.err != nil {
+		b.Fatal(w.err)
+	}
+	return w.ops
+}
 
 // traceWorkload is the first 2,000 requests of the embedded Mooncake trace
 // spread over 100 simulated workers: their engines' KV events and the
 // requests' matches, in time order.
-func traceWorkload(b *testing.B) []replay.Op {
-	traceOnce.Do(func() {
-		reqs, err := trace.ReadAll(trace.Default())
-		if err != nil {
-			traceErr = err
-			return
-		}
-		cfg := replay.DefaultConfig()
-		cfg.Workers, cfg.Blocks = 100, 4096
-		traceOps, traceErr = replay.Workload(reqs[:2000], cfg)
-	})
-	if traceErr != nil {
-		b.Fatal(traceErr)
-	}
-	return traceOps
-}
+var traceWorkload = &workload{requests: 2000, workers: 100, blocks: 4096}
 
 // BenchmarkTrace applies the trace-derived workload, events and matches in
 // order, to a fresh index per iteration. blocks/s counts the blocks of
 // events and matches.
 func BenchmarkTrace(b *testing.B) {
-	ops := traceWorkload(b)
+	ops := traceWorkload.get(b)
 	blocks := 0
 	for i := range ops {
 		blocks += ops[i].Blocks()
