@@ -56,6 +56,7 @@ var (
 	descBadFrame  = prometheus.NewDesc("kvradix_subscriber_bad_frames_total", "An engine's live messages not [topic, 8-byte sequence, payload], or frames over the size limit.", []string{"model", "instance", "dp_rank"}, nil)
 	descEngines   = prometheus.NewDesc("kvradix_engines", "Registered engines (instance and rank) by status: active (subscribed to), pending (first dial in progress), failed (dials failed; retried).", []string{"model", "status"}, nil)
 	descDisconnct = prometheus.NewDesc("kvradix_subscriber_disconnects_total", "Receive errors on an engine's connection (it reconnects).", []string{"model", "instance", "dp_rank"}, nil)
+	descCopies    = prometheus.NewDesc("kvradix_subscriber_copies_kept_total", "An engine's removed block hashes kept in the index because the engine holds another copy (vLLM keeps duplicate blocks).", []string{"model", "instance", "dp_rank"}, nil)
 	descPredicted = prometheus.NewDesc("kvradix_engines_predicted", "Engines (instance and rank) routed on the model of their cache, by reason: event_free (registered without an endpoint), stale (no message for -events-stale-after).", []string{"model", "reason"}, nil)
 	descModeled   = prometheus.NewDesc("kvradix_engines_modeled", "Engines (instance and rank) registered with total_kv_blocks, whose cache the service models from its routes.", []string{"model"}, nil)
 )
@@ -146,7 +147,7 @@ func (m *metrics) handler() http.Handler {
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descApplied, descRejected, descIgnored, descPairs, descBytes, descDepth,
 		descGaps, descReplayed, descRestarts, descLost, descReceived, descDisconnct, descDown, descLastMsg, descBusSeq, descBusBad,
-		descRefused, descUndecod, descBadFrame, descEngines, descPredicted, descModeled} {
+		descRefused, descUndecod, descBadFrame, descEngines, descPredicted, descModeled, descCopies} {
 		ch <- d
 	}
 }
@@ -222,6 +223,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		counter(descUndecod, st.DecodeErrors, model, id, rank)
 		counter(descBadFrame, st.BadFrames+st.FramesRefused, model, id, rank)
 		cs := st.Convert
+		counter(descCopies, cs.CopiesKept, model, id, rank)
 		for reason, n := range map[string]uint64{"block_size": cs.BadBlockSize, "token_count": cs.BadTokenCount, "other_group": cs.OtherGroup,
 			"unknown_type": cs.UnknownType, "undecodable": cs.Undecodable, "remote": cs.Remote} {
 			counter(descRefused, n, model, id, rank, reason)

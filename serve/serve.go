@@ -281,8 +281,10 @@ type Registration struct {
 	TotalKVBlocks int `json:"total_kv_blocks,omitempty"`
 }
 
-// MaxKVBlocks bounds Registration.TotalKVBlocks.
-const MaxKVBlocks = 1 << 32
+// MaxKVBlocks bounds Registration.TotalKVBlocks: past any engine's pool
+// (an H200's 141 GB hold a few million blocks), and what the model of
+// one engine's cache may come to hold (about 50 bytes a block).
+const MaxKVBlocks = 1 << 26
 
 func (x *Registration) partition() (*string, string) { return &x.TenantID, x.RoutingGroup }
 

@@ -61,6 +61,7 @@ type routerConfig struct {
 	modes     string
 	lanes     int
 	dpSize    int
+	capacity  int
 }
 
 func (c *routerConfig) register(fs *flag.FlagSet) {
@@ -72,7 +73,8 @@ func (c *routerConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.window, "duration", 10*time.Second, "how long to offer load (at most 10m)")
 	fs.IntVar(&c.clients, "clients", 32, "concurrent client goroutines")
 	fs.IntVar(&c.inflight, "inflight", 512, "requests kept active (first token seen, not complete) across clients")
-	fs.StringVar(&c.modes, "modes", "round_robin,kv", "router modes: round_robin, kv")
+	fs.StringVar(&c.modes, "modes", "round_robin,kv", "router modes: round_robin, kv, kv_tiers, kv_approx_lru, kv_approx_ttl, kv_predict")
+	fs.IntVar(&c.capacity, "approx-capacity", 16384, "kv_approx_lru's KV blocks per worker rank")
 	fs.IntVar(&c.lanes, "lanes", 2, "indexer lanes of the kv router (1 = single-threaded)")
 	fs.IntVar(&c.dpSize, "dp-size", 1, "data-parallel ranks per worker, scheduled apart")
 }
@@ -91,21 +93,20 @@ func (c *routerConfig) validate() error {
 		return fmt.Errorf("-clients %d, want >= 1", c.clients)
 	case c.inflight < c.clients:
 		return fmt.Errorf("-inflight %d, want >= -clients (%d): each client keeps its share active", c.inflight, c.clients)
+	case c.capacity < 1:
+		return fmt.Errorf("-approx-capacity %d, want >= 1", c.capacity)
 	}
 	return c.out.validate()
 }
 
 func (c *routerConfig) parseModes() ([]router.Mode, error) {
 	var ms []router.Mode
-	for _, m := range strings.Split(c.modes, ",") {
-		switch strings.TrimSpace(m) {
-		case "round_robin":
-			ms = append(ms, router.RoundRobin)
-		case "kv":
-			ms = append(ms, router.KV)
-		default:
-			return nil, fmt.Errorf("-modes: unknown mode %q (want round_robin, kv)", m)
+	for _, name := range strings.Split(c.modes, ",") {
+		m, err := router.ParseMode(strings.TrimSpace(name))
+		if err != nil {
+			return nil, fmt.Errorf("-modes: %w", err)
 		}
+		ms = append(ms, m)
 	}
 	return ms, nil
 }
@@ -163,7 +164,7 @@ func runRouter(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 // drive offers the load to a fresh router of mode m.
 func (c *routerConfig) drive(m router.Mode, reqs []trace.Request, intr *interrupt, progress io.Writer) (routerResult, error) {
 	cfg := router.DefaultConfig()
-	cfg.BlockSize, cfg.IndexerLanes, cfg.DPSize = c.blockSize, c.lanes, c.dpSize
+	cfg.BlockSize, cfg.IndexerLanes, cfg.DPSize, cfg.ApproxCapacity = c.blockSize, c.lanes, c.dpSize, c.capacity
 	r, err := router.New(m, cfg, c.workers)
 	if err != nil {
 		return routerResult{}, err

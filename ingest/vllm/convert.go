@@ -39,6 +39,27 @@ type ConvertStats struct {
 	// Remote counts events of locality REMOTE (another engine's blocks,
 	// vLLM 2026): dropped, as Dynamo does, failing closed.
 	Remote uint64
+	// CopiesKept counts removed hashes not passed on because the engine
+	// still holds another copy (see Converter); CopyCounts are the
+	// (rank, tier, hash)s counted now.
+	CopiesKept uint64
+	CopyCounts int
+}
+
+// add adds o's counts to s.
+func (s *ConvertStats) add(o ConvertStats) {
+	s.Stored += o.Stored
+	s.Removed += o.Removed
+	s.Cleared += o.Cleared
+	s.BadBlockSize += o.BadBlockSize
+	s.BadTokenCount += o.BadTokenCount
+	s.OtherGroup += o.OtherGroup
+	s.UnknownType += o.UnknownType
+	s.BadRank += o.BadRank
+	s.Undecodable += o.Undecodable
+	s.Remote += o.Remote
+	s.CopiesKept += o.CopiesKept
+	s.CopyCounts += o.CopyCounts
 }
 
 // Rejected returns the events refused.
@@ -51,14 +72,34 @@ func (s ConvertStats) Rejected() uint64 {
 // event's LoRA name, at the configured block size; engine hashes are kept as
 // opaque keys. Every refused event is counted. Convert is not safe for
 // concurrent use; Stats is.
+//
+// Copies. vLLM does not deduplicate its cache: one hash may be held in two
+// physical blocks, each stored with a BlockStored and evicted with a
+// BlockRemoved of its own (and offloading connectors store overlapping
+// chunks). A consumer that drops the block at the first BlockRemoved loses
+// a block the engine still holds. The converter counts the copies of each
+// (rank, tier, hash) the engine stored, and passes a removal on only when
+// the last copy goes, as Dynamo's EventDedupFilter does; a removal of a
+// hash never counted passes (a resumed stream, a store lost). Where the
+// engine says how many copies remain (remaining_copy_counts, vLLM #48933),
+// its word is taken. AllBlocksCleared, and Forget, drop a rank's counts.
 type Converter struct {
 	Worker    kvevent.WorkerID
 	BlockSize int
 	Rank      kvevent.DPRank // the rank of batches that name none
 	next      uint64
+	copies    map[copyKey]uint32
 	c         struct {
-		stored, removed, cleared, size, tokens, group, unknown, rank, undecodable, remote atomic.Uint64
+		stored, removed, cleared, size, tokens, group, unknown, rank, undecodable, remote, kept atomic.Uint64
+		counted                                                                                 atomic.Int64
 	}
+}
+
+// copyKey names a block's copies in one engine.
+type copyKey struct {
+	hash uint64
+	rank kvevent.DPRank
+	tier kvevent.Tier
 }
 
 // NewConverter returns a converter for one worker.
@@ -72,7 +113,62 @@ func (c *Converter) Stats() ConvertStats {
 		Stored: c.c.stored.Load(), Removed: c.c.removed.Load(), Cleared: c.c.cleared.Load(),
 		BadBlockSize: c.c.size.Load(), BadTokenCount: c.c.tokens.Load(), OtherGroup: c.c.group.Load(),
 		UnknownType: c.c.unknown.Load(), BadRank: c.c.rank.Load(), Undecodable: c.c.undecodable.Load(), Remote: c.c.remote.Load(),
+		CopiesKept: c.c.kept.Load(), CopyCounts: int(c.c.counted.Load()),
 	}
+}
+
+// stored counts one more copy of each block.
+func (c *Converter) stored(rank kvevent.DPRank, tier kvevent.Tier, hashes []uint64) {
+	if c.copies == nil {
+		c.copies = make(map[copyKey]uint32)
+	}
+	for _, h := range hashes {
+		k := copyKey{h, rank, tier}
+		c.copies[k]++
+	}
+	c.c.counted.Store(int64(len(c.copies)))
+}
+
+// removed returns the hashes whose last copy went (in place: hashes is the
+// decoded event's own), counting one copy less of each.
+func (c *Converter) removed(rank kvevent.DPRank, tier kvevent.Tier, hashes []uint64, remaining []uint32) []uint64 {
+	if len(remaining) != len(hashes) {
+		remaining = nil // not the engine's word on these hashes
+	}
+	gone := hashes[:0]
+	for i, h := range hashes {
+		k := copyKey{h, rank, tier}
+		left := c.copies[k]
+		switch {
+		case remaining != nil:
+			left = remaining[i]
+		case left > 0:
+			left--
+		}
+		if left > 0 {
+			c.copies[k] = left
+			c.c.kept.Add(1)
+			continue
+		}
+		delete(c.copies, k)
+		gone = append(gone, h)
+	}
+	c.c.counted.Store(int64(len(c.copies)))
+	return gone
+}
+
+// Forget drops the copy counts of a rank (every tier): its cache was
+// cleared (an engine restarted, a resumed stream cleared).
+func (c *Converter) Forget(rank kvevent.DPRank) { c.forget(rank, nil) }
+
+// forget drops the counts of a rank, of one tier or (nil) all.
+func (c *Converter) forget(rank kvevent.DPRank, tier *kvevent.Tier) {
+	for k := range c.copies {
+		if k.rank == rank && (tier == nil || k.tier == *tier) {
+			delete(c.copies, k)
+		}
+	}
+	c.c.counted.Store(int64(len(c.copies)))
 }
 
 // Convert appends the router events of b to dst. The batch's data-parallel
@@ -122,16 +218,22 @@ func (c *Converter) Convert(dst []kvevent.RouterEvent, b *Batch) []kvevent.Route
 			}
 			out.Event.Data = st
 			c.c.stored.Add(1)
+			c.stored(rank, out.Tier, ev.BlockHashes)
 		case BlockRemoved:
 			if ev.GroupIdx != 0 {
 				c.c.group.Add(1)
 				continue
 			}
-			out.Event.Data = kvevent.Removed{BlockHashes: ev.BlockHashes}
 			c.c.removed.Add(1)
+			gone := c.removed(rank, out.Tier, ev.BlockHashes, ev.RemainingCopies)
+			if len(gone) == 0 {
+				continue // every hash has a copy left
+			}
+			out.Event.Data = kvevent.Removed{BlockHashes: gone}
 		case AllBlocksCleared:
 			out.Event.Data = kvevent.Cleared{}
 			c.c.cleared.Add(1)
+			c.forget(rank, &out.Tier)
 		default:
 			c.c.unknown.Add(1)
 			continue
@@ -145,6 +247,6 @@ func (c *Converter) Convert(dst []kvevent.RouterEvent, b *Batch) []kvevent.Route
 
 // String summarises the stats on one line.
 func (s ConvertStats) String() string {
-	return fmt.Sprintf("stored %d removed %d cleared %d; refused: block size %d, token count %d, other group %d, unknown type %d, bad rank %d, undecodable %d, remote %d",
-		s.Stored, s.Removed, s.Cleared, s.BadBlockSize, s.BadTokenCount, s.OtherGroup, s.UnknownType, s.BadRank, s.Undecodable, s.Remote)
+	return fmt.Sprintf("stored %d removed %d cleared %d; copies kept %d, counted %d; refused: block size %d, token count %d, other group %d, unknown type %d, bad rank %d, undecodable %d, remote %d",
+		s.Stored, s.Removed, s.Cleared, s.CopiesKept, s.CopyCounts, s.BadBlockSize, s.BadTokenCount, s.OtherGroup, s.UnknownType, s.BadRank, s.Undecodable, s.Remote)
 }

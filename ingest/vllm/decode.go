@@ -80,6 +80,10 @@ type Event struct {
 	// Locality is vLLM's "LOCAL" or "REMOTE" (2026; "" when absent): a
 	// REMOTE event speaks of another engine's blocks.
 	Locality string
+	// RemainingCopies is a BlockRemoved's remaining_copy_counts (vLLM
+	// #48933, map events only): for each of BlockHashes, the copies the
+	// engine still holds after this removal; nil when absent.
+	RemainingCopies []uint32
 	// Err, if set, is why this event did not decode: the batch's other
 	// events stand (DecodeBatch also returns the first such error).
 	Err error
@@ -382,7 +386,7 @@ func decodeEvent(ev *Event, b []byte, i int) ([]byte, error) {
 	return nil, evErr(i, "event", fmt.Errorf("want an array or a map, got %v", msgp.NextType(b)))
 }
 
-var fieldNames = []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "cache_salt", "locality"}
+var fieldNames = []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "cache_salt", "locality", "remaining_copy_counts"}
 
 // fieldName returns the known field name equal to key, or "" (skipped).
 func fieldName(key []byte) string {
@@ -441,6 +445,12 @@ func (ev *Event) field(name string, b []byte, i int) ([]byte, error) {
 		ev.CacheSalt, b, err = readOptStr(b, nil)
 	case "locality":
 		ev.Locality, b, err = readOptStr(b, internMedium)
+	case "remaining_copy_counts":
+		if msgp.IsNil(b) {
+			return msgp.ReadNilBytes(b)
+		}
+		ev.RemainingCopies, b, err = readCounts(b, i)
+		return b, err
 	case "metadata":
 		b, err = ev.metadata(b, i)
 		return b, err
@@ -564,6 +574,28 @@ func readHashes(b []byte, i int) ([]uint64, []byte, error) {
 	for k := range out {
 		if out[k], b, err = readHash(b); err != nil {
 			return nil, nil, evErr(i, fmt.Sprintf("block_hashes[%d]", k), err)
+		}
+	}
+	return out, b, nil
+}
+
+// readCounts reads remaining_copy_counts: at most kvevent.MaxBlocks
+// counts, each 0 to 2^32-1.
+func readCounts(b []byte, i int) ([]uint32, []byte, error) {
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return nil, nil, evErr(i, "remaining_copy_counts", err)
+	}
+	if n > kvevent.MaxBlocks {
+		return nil, nil, evErr(i, "remaining_copy_counts", kvevent.ErrTooMany)
+	}
+	if int(n) > len(b) {
+		return nil, nil, evErr(i, "remaining_copy_counts", msgp.ErrShortBytes)
+	}
+	out := make([]uint32, n)
+	for k := range out {
+		if out[k], b, err = msgp.ReadUint32Bytes(b); err != nil {
+			return nil, nil, evErr(i, fmt.Sprintf("remaining_copy_counts[%d]", k), err)
 		}
 	}
 	return out, b, nil

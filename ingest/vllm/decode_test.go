@@ -87,7 +87,7 @@ func TestHandmadeVectors(t *testing.T) {
 }
 
 // The vectors of the newer shapes decode to these batches (an event's Err
-// is compared by its field), and the encoder writes the first three back
+// is compared by its field), and the encoder writes the good ones back
 // byte for byte.
 func TestNewerShapes(t *testing.T) {
 	vectors := loadVectorFile(t, "testdata/newer-shapes.json")
@@ -100,6 +100,7 @@ func TestNewerShapes(t *testing.T) {
 		"map_envelope":         {[]Event{cleared}, MapEnvelopeEncoding, ""},
 		"sglang_salted_stored": {[]Event{{Type: BlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", CacheSalt: "s1"}}, ArrayEncoding, ""},
 		"map_remote_removed":   {[]Event{{Type: BlockRemoved, BlockHashes: []uint64{5}, Medium: "GPU", Locality: "REMOTE"}}, MapEncoding, ""},
+		"map_removed_copies":   {[]Event{{Type: BlockRemoved, BlockHashes: []uint64{5, 6}, Medium: "GPU", RemainingCopies: []uint32{1, 0}}}, MapEncoding, ""},
 		"one_bad_event":        {[]Event{cleared, {}, cleared}, ArrayEncoding, "block_hashes[0]"},
 	}
 	if len(vectors) != len(want) {

@@ -105,6 +105,13 @@ func appendEvent(dst []byte, ev *Event, enc Encoding) []byte {
 			key("cache_salt")
 			dst = msgp.AppendString(dst, ev.CacheSalt)
 		}
+		if ev.RemainingCopies != nil && ev.Type == BlockRemoved {
+			key("remaining_copy_counts")
+			dst = msgp.AppendArrayHeader(dst, uint32(len(ev.RemainingCopies)))
+			for _, n := range ev.RemainingCopies {
+				dst = msgp.AppendUint32(dst, n)
+			}
+		}
 	}
 	extras := func() uint32 {
 		n := uint32(0)
@@ -112,6 +119,9 @@ func appendEvent(dst []byte, ev *Event, enc Encoding) []byte {
 			n++
 		}
 		if ev.CacheSalt != "" && ev.Type == BlockStored {
+			n++
+		}
+		if ev.RemainingCopies != nil && ev.Type == BlockRemoved {
 			n++
 		}
 		return n

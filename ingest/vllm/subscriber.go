@@ -487,8 +487,15 @@ func (s *Subscriber) resumed(e *endpoint) {
 	e.resuming = false
 	if e.holes {
 		s.c.resumesCleared.Add(1)
-		s.apply(e, []kvevent.RouterEvent{{WorkerID: e.cfg.Worker, Event: kvevent.Event{DPRank: e.rank, Data: kvevent.Cleared{}}}})
+		s.clear(e)
 	}
+}
+
+// clear drops what the index and the converter's copy counts hold of the
+// endpoint's rank.
+func (s *Subscriber) clear(e *endpoint) {
+	e.conv.Forget(e.rank)
+	s.apply(e, []kvevent.RouterEvent{{WorkerID: e.cfg.Worker, Event: kvevent.Event{DPRank: e.rank, Data: kvevent.Cleared{}}}})
 }
 
 // CaughtUp reports whether every endpoint resumed from a saved position
@@ -623,7 +630,7 @@ func (s *Subscriber) checkReconnect(e *endpoint) {
 func (s *Subscriber) restarted(e *endpoint) {
 	e.lastSeq.Store(0)
 	s.c.restarts.Add(1)
-	s.apply(e, []kvevent.RouterEvent{{WorkerID: e.cfg.Worker, Event: kvevent.Event{DPRank: e.rank, Data: kvevent.Cleared{}}}})
+	s.clear(e)
 	e.expected = 0
 }
 
@@ -923,15 +930,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		BatchesLost: s.c.batchesLost.Load(), ApplyErrors: s.c.applyErrs.Load(), EventsApplied: s.c.applied.Load(),
 	}
 	for _, e := range s.eps {
-		c := e.conv.Stats()
-		st.Convert.Stored += c.Stored
-		st.Convert.Removed += c.Removed
-		st.Convert.Cleared += c.Cleared
-		st.Convert.BadBlockSize += c.BadBlockSize
-		st.Convert.BadTokenCount += c.BadTokenCount
-		st.Convert.OtherGroup += c.OtherGroup
-		st.Convert.UnknownType += c.UnknownType
-		st.Convert.BadRank += c.BadRank
+		st.Convert.add(e.conv.Stats())
 	}
 	s.mu.Lock()
 	st.RecentLosses = append([]Loss(nil), s.losses...)
