@@ -3,6 +3,8 @@ package shardpool
 import (
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,13 +88,16 @@ type Approx struct {
 	closed atomic.Bool
 	c      counters
 	unread atomic.Uint64
+	// due is when the first queued expiry is (ApproxTTL; MaxInt64: none),
+	// so that a lookup takes the lock only when something has expired.
+	due atomic.Int64
 
 	mu      sync.Mutex
 	epoch   time.Time // the clock's first reading: times are kept as offsets from it
 	last    time.Duration
 	ranks   map[kvevent.Worker]*approxRank
 	leases  map[uuid.UUID]approxLease
-	expiry  []approxExpiry // ApproxTTL: (rank, hash, time) in expiry order; stale ones skipped
+	expiry  []approxExpiry // ApproxTTL: a request's blocks and their expiry, in expiry order
 	head    int            // expiry[:head] are done
 	touched []*approxRank  // ranks with removals to apply
 	stored  []kvevent.StoredBlock
@@ -112,19 +117,26 @@ type ApproxStats struct {
 }
 
 // approxRank is one (worker, rank)'s predicted pool. Its blocks live in
-// one slice and link by index, so that neither they nor the map holds a
-// pointer for the collector to scan.
+// chunks and link by index, so that neither they nor the map holds a
+// pointer for the collector to scan, and growing never copies them.
 type approxRank struct {
 	w        kvevent.Worker
 	capacity int
 	used     int              // blocks held and leased private blocks
 	held     map[uint64]int32 // a held block's index in blocks
-	// blocks[0] is the sentinel of the free list of released blocks:
-	// blocks[0].next is the oldest (ApproxLRU).
-	blocks []approxBlock
+	// blocks are chunks of 2^chunkBits; block 0 is the sentinel of the
+	// free list of released blocks: its next is the oldest (ApproxLRU).
+	blocks [][]approxBlock
+	made   int32    // blocks ever made: the next new index
 	spare  []int32  // indexes of blocks dropped, for reuse
 	gone   []uint64 // hashes dropped, not yet applied
 }
+
+// chunkBits sizes a rank's chunks of blocks.
+const chunkBits = 10
+
+// block returns block i of the rank.
+func (r *approxRank) block(i int32) *approxBlock { return &r.blocks[i>>chunkBits][i&(1<<chunkBits-1)] }
 
 // approxBlock is a block in a rank's pool.
 type approxBlock struct {
@@ -141,9 +153,11 @@ type approxLease struct {
 	private int
 }
 
+// approxExpiry is when a request's blocks expire (ApproxTTL), unless a
+// later request refreshed them.
 type approxExpiry struct {
 	rank    *approxRank
-	hash    uint64
+	seq     []uint64
 	expires time.Duration
 }
 
@@ -170,6 +184,7 @@ func NewApprox(cfg ApproxConfig) (*Approx, error) {
 	if a.ttl == 0 {
 		a.ttl = DefaultApproxTTL
 	}
+	a.due.Store(math.MaxInt64)
 	return a, nil
 }
 
@@ -187,8 +202,8 @@ func (a *Approx) now() time.Duration {
 func (a *Approx) rank(w kvevent.Worker) *approxRank {
 	r := a.ranks[w]
 	if r == nil {
-		n := min(a.cfg.Capacity, 1<<12)
-		r = &approxRank{w: w, capacity: a.cfg.Capacity, held: make(map[uint64]int32, n), blocks: make([]approxBlock, 1, n+1)}
+		r = &approxRank{w: w, capacity: a.cfg.Capacity, held: make(map[uint64]int32, min(a.cfg.Capacity, 1<<12)), made: 1}
+		r.blocks = [][]approxBlock{make([]approxBlock, 1<<chunkBits)} // block 0: the free list's sentinel
 		a.ranks[w] = r
 	}
 	return r
@@ -218,11 +233,8 @@ func (a *Approx) Predict(id uuid.UUID, w kvevent.Worker, local, seq []uint64, ex
 	if a.cfg.Policy == ApproxTTL {
 		t := now + a.ttl
 		a.place(r, local, seq, func(_ int, b *approxBlock, _ int32, _ bool) { b.expires = t })
-		// Expiries are queued deepest block first: a request's blocks expire
-		// tail first.
-		for j := len(seq) - 1; j >= 0; j-- {
-			a.expiry = append(a.expiry, approxExpiry{rank: r, hash: seq[j], expires: t})
-		}
+		a.expiry = append(a.expiry, approxExpiry{rank: r, seq: slices.Clone(seq), expires: t})
+		a.due.Store(int64(a.expiry[a.head].expires))
 		return nil
 	}
 	l := approxLease{rank: r, blocks: make([]int32, len(seq)), private: extra}
@@ -255,7 +267,7 @@ func (a *Approx) place(r *approxRank, local, seq []uint64, took func(j int, b *a
 		if !ok {
 			break
 		}
-		took(hits, &r.blocks[i], i, false)
+		took(hits, r.block(i), i, false)
 	}
 	a.st.HitBlocks += uint64(hits)
 	if hits == len(seq) {
@@ -264,7 +276,7 @@ func (a *Approx) place(r *approxRank, local, seq []uint64, took func(j int, b *a
 	for j := hits; j < len(seq); j++ {
 		i := r.newBlock(seq[j])
 		r.held[seq[j]] = i
-		took(j, &r.blocks[i], i, true)
+		took(j, r.block(i), i, true)
 	}
 	r.used += len(seq) - hits
 	a.st.NewBlocks += uint64(len(seq) - hits)
@@ -291,11 +303,16 @@ func (r *approxRank) newBlock(h uint64) int32 {
 	if n := len(r.spare); n > 0 {
 		i := r.spare[n-1]
 		r.spare = r.spare[:n-1]
-		r.blocks[i] = approxBlock{hash: h}
+		*r.block(i) = approxBlock{hash: h}
 		return i
 	}
-	r.blocks = append(r.blocks, approxBlock{hash: h})
-	return int32(len(r.blocks) - 1)
+	i := r.made
+	if int(i>>chunkBits) == len(r.blocks) {
+		r.blocks = append(r.blocks, make([]approxBlock, 1<<chunkBits))
+	}
+	r.made++
+	r.block(i).hash = h
+	return i
 }
 
 // apply applies one predicted event to the tree; the index builds only
@@ -325,7 +342,7 @@ func (a *Approx) Release(id uuid.UUID) (bool, error) {
 	a.st.Releases++
 	for j := len(l.blocks) - 1; j >= 0; j-- {
 		i := l.blocks[j]
-		b := &r.blocks[i]
+		b := r.block(i)
 		if b.leases--; b.leases == 0 {
 			r.pushFree(i)
 		}
@@ -354,23 +371,24 @@ func (a *Approx) SetCapacity(w kvevent.Worker, blocks int) error {
 
 // pushFree puts block i last on the free list.
 func (r *approxRank) pushFree(i int32) {
-	last := r.blocks[0].prev
-	r.blocks[i].prev, r.blocks[i].next = last, 0
-	r.blocks[last].next = i
-	r.blocks[0].prev = i
+	head, b := r.block(0), r.block(i)
+	last := head.prev
+	b.prev, b.next = last, 0
+	r.block(last).next = i
+	head.prev = i
 }
 
 // unlink takes block i off the free list.
 func (r *approxRank) unlink(i int32) {
-	b := &r.blocks[i]
-	r.blocks[b.prev].next, r.blocks[b.next].prev = b.next, b.prev
+	b := r.block(i)
+	r.block(b.prev).next, r.block(b.next).prev = b.next, b.prev
 	b.prev, b.next = 0, 0
 }
 
 // drop takes block i out of r, noting it gone; released or expired,
 // nothing else names it, and its index is reused.
 func (a *Approx) drop(r *approxRank, i int32) {
-	h := r.blocks[i].hash
+	h := r.block(i).hash
 	delete(r.held, h)
 	if len(r.gone) == 0 {
 		a.touched = append(a.touched, r)
@@ -383,8 +401,8 @@ func (a *Approx) drop(r *approxRank, i int32) {
 // evict drops r's oldest released blocks while it holds more than its
 // capacity (ApproxLRU), then applies the removals.
 func (a *Approx) evict(r *approxRank) {
-	for r.used > r.capacity && r.blocks[0].next != 0 {
-		i := r.blocks[0].next
+	for r.used > r.capacity && r.block(0).next != 0 {
+		i := r.block(0).next
 		r.unlink(i)
 		a.drop(r, i)
 		a.st.Evicted++
@@ -399,14 +417,26 @@ func (a *Approx) expire(now time.Duration) {
 		e := a.expiry[a.head]
 		a.expiry[a.head] = approxExpiry{}
 		a.head++
-		if i, ok := e.rank.held[e.hash]; ok && e.rank.blocks[i].expires == e.expires && a.ranks[e.rank.w] == e.rank {
-			a.drop(e.rank, i)
-			a.st.Expired++
+		if a.ranks[e.rank.w] != e.rank {
+			continue // its worker was removed
+		}
+		// Deepest block first: a request's blocks expire tail first. One
+		// refreshed since has a later expiry of its own.
+		for j := len(e.seq) - 1; j >= 0; j-- {
+			if i, ok := e.rank.held[e.seq[j]]; ok && e.rank.block(i).expires == e.expires {
+				a.drop(e.rank, i)
+				a.st.Expired++
+			}
 		}
 	}
 	if a.head > 1024 && a.head > len(a.expiry)/2 {
 		a.expiry = a.expiry[:copy(a.expiry, a.expiry[a.head:])]
 		a.head = 0
+	}
+	if a.head < len(a.expiry) {
+		a.due.Store(int64(a.expiry[a.head].expires))
+	} else {
+		a.due.Store(math.MaxInt64)
 	}
 	a.applyGone()
 }
@@ -439,7 +469,7 @@ func (a *Approx) FindMatches(local []uint64) (radix.OverlapScores, error) {
 	if a.closed.Load() {
 		return radix.OverlapScores{}, ErrClosed
 	}
-	if a.cfg.Policy == ApproxTTL {
+	if a.cfg.Policy == ApproxTTL && int64(a.cfg.Now().Sub(a.epoch)) >= a.due.Load() {
 		a.mu.Lock()
 		a.expire(a.now())
 		a.mu.Unlock()
