@@ -112,3 +112,34 @@ func TestPredictFollowsABurstThenExpires(t *testing.T) {
 		t.Fatalf("stats %+v, approx %+v: want 16 expired and every event read", st.Index, st.Approx)
 	}
 }
+
+// Replicas that predict share their admissions with local hashes: a
+// replica predicts another's decision as its own; an admission whose
+// local hashes do not chain into its blocks is refused.
+func TestApproxReplicasShareDecisions(t *testing.T) {
+	var peer *router.Router
+	var shared []error
+	r := newRouter(t, router.KVApproxLRU, 4, func(c *router.Config) {
+		c.ApproxCapacity = 1000
+		c.OnAdmit = func(id uuid.UUID, a router.Admission) { shared = append(shared, peer.AdmitRemote(id, a)) }
+	})
+	peer = newRouter(t, router.KVApproxLRU, 4, func(c *router.Config) { c.ApproxCapacity = 1000 })
+	prompt, id := seq(64, 1), uuid.New()
+	first := route(t, r, id, prompt)
+	if len(shared) != 1 || shared[0] != nil {
+		t.Fatalf("admission shared: %v", shared)
+	}
+	if _, err := peer.OnFirstToken(id); err != nil {
+		t.Fatal(err)
+	}
+	if w := route(t, peer, uuid.New(), prompt); w != first {
+		t.Fatalf("the peer routed the prompt to %d, want %d, where the other replica sent it", w, first)
+	}
+	if st := peer.Stats(); st.Approx.Predictions != 2 || st.Approx.HitBlocks != 16 {
+		t.Fatalf("peer's predictions: %+v", st.Approx)
+	}
+	forged := router.Admission{Worker: kvevent.Worker{ID: 1}, ISL: 8, Blocks: []uint64{1, 2}, Local: []uint64{3, 4}}
+	if err := peer.AdmitRemote(uuid.New(), forged); err == nil {
+		t.Fatal("an admission whose local hashes do not chain into its blocks accepted")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -456,7 +457,11 @@ func (r *Router) SelectWorkerRank(ctx context.Context, req Request) (kvevent.Wor
 		}
 	}
 	if r.cfg.OnAdmit != nil {
-		r.cfg.OnAdmit(req.UUID, Admission{Worker: w, ISL: sr.ISL, Blocks: sr.Blocks, Overlap: sr.Overlaps[w]})
+		a := Admission{Worker: w, ISL: sr.ISL, Blocks: sr.Blocks, Overlap: sr.Overlaps[w]}
+		if r.predict != nil {
+			a.Local = local // the other replicas' predictions need them
+		}
+		r.cfg.OnAdmit(req.UUID, a)
 	}
 	return w, nil
 }
@@ -508,22 +513,26 @@ func (r *Router) match(sr *SchedRequest, local []uint64) error {
 
 // Admission is a KV-mode routing decision as another router replica needs
 // it to count the request's load: the worker, the prompt's length and
-// complete blocks' sequence hashes, and the blocks the worker had cached.
+// complete blocks' sequence hashes, and the blocks the worker had cached;
+// from a router that predicts (the approximate modes, KVPredict), the
+// blocks' local hashes too, so that the others predict it as well.
 type Admission struct {
 	Worker  kvevent.Worker `json:"worker"`
 	ISL     int            `json:"isl"`
 	Blocks  []uint64       `json:"blocks"`
 	Overlap uint32         `json:"overlap"`
+	Local   []uint64       `json:"local,omitempty"`
 }
 
 // AdmitRemote counts a request another replica admitted, so that this
 // router's decisions see its load; OnFirstToken and OnComplete (with the
-// same id) release it as for a local one. An admission carries no local
-// hashes, so the approximate modes and KVPredict do not predict it. KV
-// modes only; a duplicate id is
-// an error, and so is an admission no router could have made: more than
-// kvevent.MaxBlocks blocks, a prompt length that is not its blocks' (at
-// this router's block size), or an overlap past its blocks. Its size is
+// same id) release it as for a local one. In the approximate modes and
+// KVPredict an admission with local hashes is predicted too (one without,
+// from a replica that does not predict, is not). KV modes only; a
+// duplicate id is an error, and so is an admission no router could have
+// made: more than kvevent.MaxBlocks blocks, a prompt length that is not
+// its blocks' (at this router's block size), an overlap past its blocks,
+// or local hashes whose sequence hashes are not its blocks. Its size is
 // what it costs the other routers, so a forged one must not be huge.
 func (r *Router) AdmitRemote(id uuid.UUID, a Admission) error {
 	switch {
@@ -536,7 +545,18 @@ func (r *Router) AdmitRemote(id uuid.UUID, a Admission) error {
 	if n > kvevent.MaxBlocks || a.ISL < n*bs || a.ISL >= (n+1)*bs || int(a.Overlap) > n {
 		return fmt.Errorf("router: admission %v: %d tokens, %d blocks of %d, overlap %d do not fit", id, a.ISL, n, bs, a.Overlap)
 	}
-	return r.sched.Admit(SchedRequest{ID: id, ISL: a.ISL, Blocks: a.Blocks, Overlaps: map[kvevent.Worker]uint32{a.Worker: a.Overlap}}, a.Worker)
+	predict := r.predict != nil && a.Local != nil
+	if predict && !slices.Equal(hashing.SequenceHashes(make([]uint64, 0, n), a.Local), a.Blocks) {
+		return fmt.Errorf("router: admission %v: its %d local hashes do not chain into its %d blocks", id, len(a.Local), n)
+	}
+	if err := r.sched.Admit(SchedRequest{ID: id, ISL: a.ISL, Blocks: a.Blocks, Overlaps: map[kvevent.Worker]uint32{a.Worker: a.Overlap}}, a.Worker); err != nil || !predict {
+		return err
+	}
+	if err := r.predict.Predict(id, a.Worker, a.Local, a.Blocks, BlocksFor(a.ISL, 1, bs)-n); err != nil {
+		_ = r.sched.Free(id)
+		return r.shutdownErr(err)
+	}
+	return nil
 }
 
 func (r *Router) shutdownErr(err error) error {
