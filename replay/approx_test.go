@@ -96,3 +96,32 @@ func TestApproxSettings(t *testing.T) {
 		t.Error("an unknown setting swept")
 	}
 }
+
+// Replicas: two kv_approx_lru routers that share their admissions predict
+// from every decision and keep the reuse of one; isolated, each sees half
+// the decisions and loses reuse. Bad replica counts are refused.
+func TestApproxReplicas(t *testing.T) {
+	sc := trace.DefaultSynth()
+	sc.Requests = 600
+	reqs, err := trace.Synthesize(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Workers, cfg.Blocks, cfg.Replicas = 4, 1024, 2
+	shared := run(t, reqs, KVApproxLRU, cfg)
+	cfg.Isolated = true
+	isolated := run(t, reqs, KVApproxLRU, cfg)
+	if shared.ReuseRatio <= isolated.ReuseRatio {
+		t.Fatalf("reuse: shared %.3f, isolated %.3f: want shared above", shared.ReuseRatio, isolated.ReuseRatio)
+	}
+	if rr := run(t, reqs, RoundRobin, cfg); rr.Completed != len(reqs) {
+		t.Fatalf("round robin over isolated replicas completed %d of %d", rr.Completed, len(reqs))
+	}
+	for _, n := range []int{0, MaxReplicas + 1} {
+		cfg.Replicas = n
+		if err := cfg.Validate(); err == nil {
+			t.Errorf("%d replicas accepted", n)
+		}
+	}
+}

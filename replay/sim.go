@@ -70,11 +70,17 @@ type Config struct {
 	// PredictTTL is kv_predict's lifetime of a decision (0:
 	// router.DefaultPredictTTL).
 	PredictTTL time.Duration
+	// Replicas is how many routers of the kind named route the requests,
+	// in turn (1). Each applies every engine's events to an index of its
+	// own; they share their admissions (router.AdmitRemote, as package
+	// cluster does) unless Isolated.
+	Replicas int
+	Isolated bool
 }
 
 // DefaultConfig returns the defaults named on each field.
 func DefaultConfig() Config {
-	return Config{Workers: 16, DPSize: 1, Blocks: 16384, BlockSize: 64, TraceBlockSize: trace.TraceBlockSize, MaxBatchedTokens: 8192, MaxNumSeqs: 256, Speedup: 1, Temperature: 0.1, OverlapWeight: router.DefaultOverlapWeight, IndexerLanes: 2, ApproxCapacity: 1}
+	return Config{Workers: 16, DPSize: 1, Blocks: 16384, BlockSize: 64, TraceBlockSize: trace.TraceBlockSize, MaxBatchedTokens: 8192, MaxNumSeqs: 256, Speedup: 1, Temperature: 0.1, OverlapWeight: router.DefaultOverlapWeight, IndexerLanes: 2, ApproxCapacity: 1, Replicas: 1}
 }
 
 // Validate reports the first invalid field.
@@ -110,6 +116,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("replay: approximate capacity %v, want in (0, 1024]", c.ApproxCapacity)
 	case c.ApproxTTL < 0 || c.PredictTTL < 0:
 		return fmt.Errorf("replay: approximate ttl %v, predict ttl %v, want >= 0", c.ApproxTTL, c.PredictTTL)
+	case c.Replicas < 1 || c.Replicas > MaxReplicas:
+		return fmt.Errorf("replay: replicas %d, want in [1, %d]", c.Replicas, MaxReplicas)
 	}
 	for t, w := range c.TierWeights {
 		if !(w >= 0) || math.IsInf(w, 1) {
@@ -118,6 +126,9 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// MaxReplicas bounds Config.Replicas.
+const MaxReplicas = 64
 
 // engines is the number of mock engines: one per (worker, rank).
 func (c Config) engines() int { return c.Workers * c.DPSize }
@@ -252,13 +263,19 @@ type policy interface {
 	complete(id uuid.UUID) error
 }
 
-// routerPolicy drives a kvradix router (or picks at random).
+// routerPolicy drives kvradix routers, Config.Replicas of them taking the
+// requests in turn (or picks at random).
 type routerPolicy struct {
-	r       *router.Router
-	rng     *rand.Rand      // the random router
-	done    context.Context // cancelled: SelectWorker never waits
-	clock   *float64        // the simulation's, ms
-	overlap uint32          // the chosen worker's, in the latest admission
+	rs       []*router.Router
+	r        *router.Router               // rs[0]: what every replica is
+	isolated bool                         // the replicas do not share admissions
+	owner    map[uuid.UUID]*router.Router // isolated: each request's replica
+	turn     int
+	rng      *rand.Rand      // the random router
+	done     context.Context // cancelled: SelectWorker never waits
+	clock    *float64        // the simulation's, ms
+	overlap  uint32          // the chosen worker's, in the latest admission
+	err      error           // a replica's refusal of another's admission
 }
 
 func newRouterPolicy(name string, cfg Config) (*routerPolicy, error) {
@@ -285,16 +302,65 @@ func newRouterPolicy(name string, cfg Config) (*routerPolicy, error) {
 	default:
 		return nil, fmt.Errorf("replay: unknown router %q", name)
 	}
-	rc.OnAdmit = func(_ uuid.UUID, a router.Admission) { p.overlap = a.Overlap }
-	r, err := router.New(mode, rc, cfg.Workers)
-	if err != nil {
-		return nil, err
+	p.isolated = cfg.Isolated && cfg.Replicas > 1
+	if p.isolated {
+		p.owner = map[uuid.UUID]*router.Router{}
 	}
-	p.r = r
+	for k := range max(cfg.Replicas, 1) {
+		rc.OnAdmit = func(id uuid.UUID, a router.Admission) { p.admitted(k, id, a) }
+		r, err := router.New(mode, rc, cfg.Workers)
+		if err != nil {
+			p.shutdown()
+			return nil, err
+		}
+		p.rs = append(p.rs, r)
+	}
+	p.r = p.rs[0]
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	p.done = ctx
 	return p, nil
+}
+
+// admitted hears replica k's admission: the overlap it counted, and,
+// shared, the other replicas' AdmitRemote.
+func (p *routerPolicy) admitted(k int, id uuid.UUID, a router.Admission) {
+	p.overlap = a.Overlap
+	if p.isolated {
+		p.owner[id] = p.rs[k]
+		return
+	}
+	for j, r := range p.rs {
+		if j == k {
+			continue
+		}
+		if err := r.AdmitRemote(id, a); err != nil && p.err == nil {
+			p.err = fmt.Errorf("replica %d refused replica %d's admission: %w", j, k, err)
+		}
+	}
+}
+
+// replicasOf returns the replicas that know request id (and, isolated,
+// forgets it when it completes).
+func (p *routerPolicy) replicasOf(id uuid.UUID, complete bool) []*router.Router {
+	if !p.isolated {
+		return p.rs
+	}
+	r, ok := p.owner[id]
+	if !ok {
+		return nil // never admitted: round robin
+	}
+	if complete {
+		delete(p.owner, id)
+	}
+	return []*router.Router{r}
+}
+
+// shutdown stops every replica.
+func (p *routerPolicy) shutdown() {
+	for _, r := range p.rs {
+		_ = r.Shutdown()
+	}
 }
 
 // setClock makes the router's predictions age on the simulation's clock.
@@ -327,26 +393,65 @@ func (p *routerPolicy) choose(_ int, req router.Request, _ []uint64) (int, error
 	}
 	// Apply every event published so far, so decisions do not depend on
 	// goroutine timing: the replay is deterministic.
-	if err := p.r.Flush(); err != nil {
-		return 0, err
+	for _, r := range p.rs {
+		if err := r.Flush(); err != nil {
+			return 0, err
+		}
 	}
-	w, err := p.r.SelectWorkerRank(p.done, req)
+	r := p.rs[p.turn%len(p.rs)]
+	p.turn++
+	w, err := r.SelectWorkerRank(p.done, req)
 	if errors.Is(err, context.Canceled) {
 		return 0, errQueued
+	}
+	if err == nil {
+		err = p.err
 	}
 	return int(w.ID)*dp + int(w.DPRank), err
 }
 
-func (p *routerPolicy) sink(w kvevent.WorkerID) router.EventSink { return p.r.Sink(w) }
+func (p *routerPolicy) sink(w kvevent.WorkerID) router.EventSink {
+	if len(p.rs) == 1 {
+		return p.r.Sink(w)
+	}
+	sinks := make(fanout, len(p.rs))
+	for k, r := range p.rs {
+		sinks[k] = r.Sink(w)
+	}
+	return sinks
+}
+
+// fanout publishes every event to each replica's sink.
+type fanout []router.EventSink
+
+func (f fanout) Publish(ev kvevent.Event) error { return f.PublishWithTier(ev, kvevent.TierDevice) }
+
+func (f fanout) PublishWithTier(ev kvevent.Event, tier kvevent.Tier) error {
+	var first error
+	for _, s := range f {
+		if err := s.PublishWithTier(ev, tier); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
 
 func (p *routerPolicy) firstToken(id uuid.UUID) error {
-	_, err := p.r.OnFirstToken(id)
-	return err
+	for _, r := range p.replicasOf(id, false) {
+		if _, err := r.OnFirstToken(id); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (p *routerPolicy) complete(id uuid.UUID) error {
-	_, err := p.r.OnComplete(id)
-	return err
+	for _, r := range p.replicasOf(id, true) {
+		if _, err := r.OnComplete(id); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // sim is one replay on the virtual clock.
@@ -457,17 +562,19 @@ func runPrompts(ctx context.Context, reqs []trace.Request, p *prompts, routerNam
 	if err != nil {
 		return Result{}, err
 	}
-	defer pol.r.Shutdown()
+	defer pol.shutdown()
 	res := Result{Router: routerName, Requests: len(reqs)}
 	s, err := simulate(ctx, reqs, p, cfg, pol, &res)
 	if err != nil {
 		return res, err
 	}
 	if pol.r.Mode() != router.RoundRobin {
-		if err := pol.r.Flush(); err != nil {
-			return res, err
+		for _, r := range pol.rs {
+			if err := r.Flush(); err != nil {
+				return res, err
+			}
+			res.RejectedEvents += r.Stats().Index.Rejected()
 		}
-		res.RejectedEvents = pol.r.Stats().Index.Rejected()
 	}
 	s.report(&res)
 	return res, nil

@@ -84,6 +84,8 @@ func (c *replayConfig) register(fs *flag.FlagSet) {
 	fs.Float64Var(&cfg.OverlapWeight, "overlap-weight", cfg.OverlapWeight, "weight of prefill blocks in the KV routers' cost")
 	fs.Float64Var(&cfg.QueueThreshold, "queue-threshold", cfg.QueueThreshold, "KV routers queue while every worker's prefill exceeds this many batches (0: off)")
 	fs.IntVar(&cfg.IndexerLanes, "lanes", cfg.IndexerLanes, "indexer lanes of the KV routers (1 = single-threaded)")
+	fs.IntVar(&cfg.Replicas, "replicas", 1, "router replicas taking the requests in turn, each with its own index fed every event; they share their admissions (load, and the approximate routers' predictions) unless -isolated")
+	fs.BoolVar(&cfg.Isolated, "isolated", false, "with -replicas, the replicas do not share admissions")
 	fs.Float64Var(&cfg.Offload, "offload", 0, "give each engine a host tier of this many times its device blocks, which device evictions go to (0: none)")
 	fs.Var(tierWeightsFlag{&cfg.TierWeights}, "tier-weights", "kv_tiers' prefill saved per block on the `device,host,disk,external` (default 1,0.8,0.5,0.3)")
 	fs.StringVar(&c.routers, "routers", "round_robin,random,kv", "routers to compare: round_robin, random, kv, kv_temp, kv_tiers, kv_approx_lru, kv_approx_ttl, kv_predict")
