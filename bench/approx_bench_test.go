@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"encoding/binary"
 	"testing"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
+	"github.com/kvradix/kvradix/router"
 	"github.com/kvradix/kvradix/shardpool"
 )
 
@@ -91,4 +93,49 @@ func BenchmarkApproxCost(b *testing.B) {
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(eventBlocks), "ns/block")
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(storedBlocks), "ns/stored-block")
 	})
+}
+
+// BenchmarkRouteDecision is one routing decision, on the caller's
+// goroutine, for the trace workload's requests (2,000 over 100 workers of
+// 4,096 blocks, block size 64), each completed 64 requests later: kv with
+// no events (its index empty: the scheduler and an empty lookup), against
+// the approximate modes, whose decision also looks the prediction up and
+// makes it.
+func BenchmarkRouteDecision(b *testing.B) {
+	ops := traceWorkload.get(b)
+	var reqs []router.Request
+	for i := range ops {
+		if m := ops[i].Match; m != nil {
+			reqs = append(reqs, router.Request{Local: m, PromptTokens: len(m) * 64, MaxOutputTokens: 1})
+		}
+	}
+	for _, mode := range []router.Mode{router.KV, router.KVApproxLRU, router.KVApproxTTL, router.KVPredict} {
+		b.Run("mode="+mode.String(), func(b *testing.B) {
+			cfg := router.DefaultConfig()
+			cfg.BlockSize, cfg.ApproxCapacity, cfg.IndexerLanes = 64, 4096, 1
+			r, err := router.New(mode, cfg, 100)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Shutdown()
+			ctx := context.Background()
+			var inFlight []uuid.UUID
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				req := reqs[i%len(reqs)]
+				req.UUID = uuid.New()
+				i++
+				if _, err := r.SelectWorker(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+				if inFlight = append(inFlight, req.UUID); len(inFlight) > 64 {
+					if _, err := r.OnComplete(inFlight[0]); err != nil {
+						b.Fatal(err)
+					}
+					inFlight = inFlight[1:]
+				}
+			}
+		})
+	}
 }
