@@ -21,13 +21,19 @@ import (
 // Report is a comparison of routers on one trace and fleet, with the
 // reference reuses every router is measured against (see References).
 type Report struct {
-	Trace          string   `json:"trace"`
-	Workers        int      `json:"workers"`
-	Blocks         int      `json:"blocks"`
-	BlockSize      int      `json:"block_size"`
-	Speedup        float64  `json:"speedup"`
-	Seed           uint64   `json:"seed"`
-	Offload        float64  `json:"offload,omitempty"` // host tier per engine, in device pools
+	Trace     string  `json:"trace"`
+	Workers   int     `json:"workers"`
+	Blocks    int     `json:"blocks"`
+	BlockSize int     `json:"block_size"`
+	Speedup   float64 `json:"speedup"`
+	Seed      uint64  `json:"seed"`
+	Offload   float64 `json:"offload,omitempty"` // host tier per engine, in device pools
+	// The approximate routers' settings (Config), and the replicas.
+	ApproxCapacity float64  `json:"approx_capacity"`
+	ApproxTTLSec   float64  `json:"approx_ttl_s,omitempty"` // 0: the default
+	PredictTTLSec  float64  `json:"predict_ttl_s,omitempty"`
+	Replicas       int      `json:"replicas"`
+	Isolated       bool     `json:"isolated,omitempty"`
 	ReusePooled    float64  `json:"reuse_pooled"`
 	ReuseUnbounded float64  `json:"reuse_unbounded"`
 	Results        []Result `json:"results"`
@@ -60,7 +66,8 @@ func compare(ctx context.Context, reqs []trace.Request, p *prompts, routers []st
 // newReport is an empty report of cfg's fleet for the routers.
 func newReport(cfg Config, routers []string) Report {
 	rep := Report{Workers: cfg.Workers, Blocks: cfg.Blocks, BlockSize: cfg.BlockSize, Speedup: cfg.Speedup, Seed: cfg.Seed,
-		Offload: cfg.Offload, Results: make([]Result, len(routers))}
+		Offload: cfg.Offload, ApproxCapacity: cfg.ApproxCapacity, ApproxTTLSec: cfg.ApproxTTL.Seconds(), PredictTTLSec: cfg.PredictTTL.Seconds(),
+		Replicas: cfg.Replicas, Isolated: cfg.Isolated, Results: make([]Result, len(routers))}
 	for i, name := range routers {
 		rep.Results[i].Router = name
 	}

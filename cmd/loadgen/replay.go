@@ -217,6 +217,13 @@ func printReplayHeader(w io.Writer, rep replay.Report) {
 	if rep.Offload > 0 {
 		fmt.Fprintf(w, "host tier: %g x each engine's blocks; the references know no host tier\n", rep.Offload)
 	}
+	if rep.Replicas > 1 {
+		how := "sharing their admissions"
+		if rep.Isolated {
+			how = "isolated"
+		}
+		fmt.Fprintf(w, "router replicas: %d, taking the requests in turn, %s\n", rep.Replicas, how)
+	}
 	fmt.Fprintf(w, "reference reuse: pooled LRU of the fleet's blocks %.3f; unbounded cache %.3f\n\n", rep.ReusePooled, rep.ReuseUnbounded)
 }
 
