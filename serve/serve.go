@@ -283,7 +283,7 @@ type Registration struct {
 
 // MaxKVBlocks bounds Registration.TotalKVBlocks: past any engine's pool
 // (an H200's 141 GB hold a few million blocks), and what the model of
-// one engine's cache may come to hold (about 50 bytes a block).
+// one engine's cache may come to hold (about 100 bytes a block).
 const MaxKVBlocks = 1 << 26
 
 func (x *Registration) partition() (*string, string) { return &x.TenantID, x.RoutingGroup }
