@@ -284,7 +284,7 @@ type Registration struct {
 // MaxKVBlocks bounds Registration.TotalKVBlocks: past any engine's pool
 // (an H200's 141 GB hold a few million blocks), and what the model of
 // one engine's cache may come to hold (about 100 bytes a block).
-const MaxKVBlocks = 1 << 26
+const MaxKVBlocks = 1 << 24
 
 func (x *Registration) partition() (*string, string) { return &x.TenantID, x.RoutingGroup }
 
