@@ -36,10 +36,10 @@ func TestApproxLRUByHand(t *testing.T) {
 	}
 }
 
-// The targets' shape on a synthetic chat workload that fills the pools:
-// the LRU model at the true capacity keeps ≥ 0.9 of kv's reuse, with
-// precision and recall ≥ 0.9.
-func TestApproxLRUTracksKV(t *testing.T) {
+// pressedChat is a synthetic chat workload of 600 requests on 4 engines
+// of 1,024 blocks: pools that fill, not a fleet overloaded.
+func pressedChat(t *testing.T) ([]trace.Request, Config) {
+	t.Helper()
 	sc := trace.DefaultSynth()
 	sc.Requests = 600
 	reqs, err := trace.Synthesize(sc)
@@ -48,6 +48,14 @@ func TestApproxLRUTracksKV(t *testing.T) {
 	}
 	cfg := DefaultConfig()
 	cfg.Workers, cfg.Blocks = 4, 1024
+	return reqs, cfg
+}
+
+// The targets' shape on a synthetic chat workload that fills the pools:
+// the LRU model at the true capacity keeps ≥ 0.9 of kv's reuse, with
+// precision and recall ≥ 0.9.
+func TestApproxLRUTracksKV(t *testing.T) {
+	reqs, cfg := pressedChat(t)
 	kv := run(t, reqs, KV, cfg)
 	lru := run(t, reqs, KVApproxLRU, cfg)
 	if kv.ReuseRatio == 0 || lru.ReuseRatio < 0.9*kv.ReuseRatio {
@@ -101,14 +109,8 @@ func TestApproxSettings(t *testing.T) {
 // from every decision and keep the reuse of one; isolated, each sees half
 // the decisions and loses reuse. Bad replica counts are refused.
 func TestApproxReplicas(t *testing.T) {
-	sc := trace.DefaultSynth()
-	sc.Requests = 600
-	reqs, err := trace.Synthesize(sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig()
-	cfg.Workers, cfg.Blocks, cfg.Replicas = 4, 1024, 2
+	reqs, cfg := pressedChat(t)
+	cfg.Replicas = 2
 	shared := run(t, reqs, KVApproxLRU, cfg)
 	cfg.Isolated = true
 	isolated := run(t, reqs, KVApproxLRU, cfg)
