@@ -34,9 +34,11 @@ const (
 )
 
 // predictions is a model's LRU model of the engines registered with
-// total_kv_blocks.
+// total_kv_blocks, and with Config.PredictTTL every decision's blocks for
+// that long (burst).
 type predictions struct {
 	approx *shardpool.Approx
+	burst  *shardpool.Approx // nil without Config.PredictTTL
 	// state is replaced whole (s.mu held) and read without a lock.
 	state atomic.Pointer[predictState]
 }
@@ -48,13 +50,24 @@ type predictState struct {
 	routed  map[kvevent.Worker]string
 }
 
-func newPredictions(blockSize int) *predictions {
+func newPredictions(blockSize int, predictTTL time.Duration) *predictions {
 	// Every modelled rank gets its own capacity (SetCapacity) before its
 	// first prediction; 1 stands for none.
 	a, _ := shardpool.NewApprox(shardpool.ApproxConfig{Policy: shardpool.ApproxLRU, BlockSize: blockSize, Capacity: 1})
 	p := &predictions{approx: a}
+	if predictTTL > 0 {
+		p.burst, _ = shardpool.NewApprox(shardpool.ApproxConfig{Policy: shardpool.ApproxTTL, BlockSize: blockSize, TTL: predictTTL})
+	}
 	p.state.Store(&predictState{})
 	return p
+}
+
+// close stops both models.
+func (p *predictions) close() {
+	_ = p.approx.Close()
+	if p.burst != nil {
+		_ = p.burst.Close()
+	}
 }
 
 // change replaces the state with edit's change of a copy (s.mu held).
@@ -88,6 +101,9 @@ func (p *predictions) model(w kvevent.Worker, blocks int, eventFree bool) error 
 
 // forget stops modelling an engine that left (s.mu held).
 func (p *predictions) forget(w kvevent.Worker) {
+	if p.burst != nil {
+		_ = p.burst.Forget(w)
+	}
 	if !p.state.Load().modeled[w] {
 		return
 	}
@@ -114,34 +130,61 @@ func (p *predictions) stale(w kvevent.Worker, stale bool) {
 	})
 }
 
-// match is the model's overlaps: the index's, and the predictions of the
-// engines routed on them where they are greater. predicted holds every
-// modelled engine's prediction (nil if none is modelled).
-func (idx *index) match(local []uint64) (res radix.OverlapScores, predicted map[kvevent.Worker]uint32, st *predictState, err error) {
+// match is the model's overlaps: the index's, and where they are greater
+// the predictions of the engines routed on them and, for a route, the
+// decisions of the last Config.PredictTTL (a query answers what engines
+// hold, not what they are computing). predicted holds every modelled
+// engine's prediction (nil if none is modelled), events the index's own
+// overlaps.
+func (idx *index) match(local []uint64, route bool) (res radix.OverlapScores, predicted, events map[kvevent.Worker]uint32, st *predictState, err error) {
 	res, err = idx.pool.FindMatches(local)
 	st = idx.pred.state.Load()
-	if err != nil || len(st.modeled) == 0 {
-		return res, nil, st, err
+	burst := idx.pred.burst
+	if !route {
+		burst = nil
 	}
-	p, err := idx.pred.approx.FindMatches(local)
-	if err != nil {
-		return res, nil, st, err
+	if err != nil || len(st.modeled) == 0 && burst == nil {
+		return res, nil, res.Scores, st, err
 	}
+	events = maps.Clone(res.Scores)
 	if res.Scores == nil {
 		res.Scores = map[kvevent.Worker]uint32{}
 	}
-	for w := range st.routed {
-		if n := p.Scores[w]; n > res.Scores[w] {
-			res.Scores[w] = n
+	if len(st.modeled) > 0 {
+		p, err := idx.pred.approx.FindMatches(local)
+		if err != nil {
+			return res, nil, events, st, err
+		}
+		predicted = p.Scores
+		for w := range st.routed {
+			res.Scores[w] = max(res.Scores[w], predicted[w])
 		}
 	}
-	return res, p.Scores, st, nil
+	if burst != nil {
+		b, err := burst.FindMatches(local)
+		if err != nil {
+			return res, predicted, events, st, err
+		}
+		for w, n := range b.Scores {
+			res.Scores[w] = max(res.Scores[w], n)
+		}
+	}
+	return res, predicted, events, st, nil
 }
 
 // predict leases a routed request's blocks in its engine's model, if the
 // engine is modelled, and, where the engine's events flow, counts how the
 // prediction compared with them (events: the index's overlap there).
 func (s *Service) predict(k modelKey, idx *index, st *predictState, key uuid.UUID, w kvevent.Worker, local []uint64, isl int, predicted, events uint32) error {
+	if !st.modeled[w] && idx.pred.burst == nil {
+		return nil
+	}
+	seq := hashing.SequenceHashes(nil, local)
+	if b := idx.pred.burst; b != nil {
+		if err := b.Predict(key, w, local, seq, 0); err != nil {
+			return err
+		}
+	}
 	if !st.modeled[w] {
 		return nil
 	}
@@ -151,7 +194,7 @@ func (s *Service) predict(k modelKey, idx *index, st *predictState, key uuid.UUI
 	// The request's output is not known: one block past its prompt's
 	// complete ones stands for it (and its partial last block).
 	extra := router.BlocksFor(isl, 1, idx.blockSize) - len(local)
-	return idx.pred.approx.Predict(key, w, local, hashing.SequenceHashes(nil, local), extra)
+	return idx.pred.approx.Predict(key, w, local, seq, extra)
 }
 
 // checkStale routes on predictions the modelled engines whose last

@@ -167,3 +167,30 @@ func TestEventFreeEngineSurvivesRestart(t *testing.T) {
 		t.Fatalf("route after the restart: %+v", a)
 	}
 }
+
+// With PredictTTL, a route counts the decisions of the last while: a
+// sibling of a prompt, routed before the prompt's engine stores a block
+// of it, goes where the prompt went (without, the first's load sends it
+// elsewhere); /query still answers what engines hold.
+func TestPredictTTLFollowsBursts(t *testing.T) {
+	for _, ttl := range []time.Duration{0, time.Minute} {
+		svc := serve.New(serve.Config{PredictTTL: ttl})
+		ts := httptest.NewServer(svc.Handler())
+		registerPublishers(t, svc, 2)
+		prompt := tokens(20*bs+2, 900)
+		first := routeTo(t, ts.URL, prompt, "a")
+		post(t, ts.URL+"/requests/a/first_token", []byte("{}"), nil)
+		// A sibling: the first's 15 leading blocks, then its own.
+		second := routeTo(t, ts.URL, append(prompt[:15*bs:15*bs], tokens(5*bs+2, 50000)...), "b")
+		if follows := second.InstanceID == first.InstanceID; follows != (ttl > 0) || second.Predicted != (ttl > 0) || ttl > 0 && second.OverlapBlocks != 15 {
+			t.Errorf("ttl %v: second route %+v after the first's %d: follows %v", ttl, second, first.InstanceID, follows)
+		}
+		var got serve.Scores
+		post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: "m"}, &got)
+		if len(got.Scores) != 0 {
+			t.Errorf("ttl %v: /query answers %v, want nothing: no engine stored a block", ttl, got.Scores)
+		}
+		ts.Close()
+		svc.Close()
+	}
+}

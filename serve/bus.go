@@ -59,9 +59,10 @@ const (
 )
 
 type bus struct {
-	cfg   BusConfig
-	lanes int
-	tiers bool
+	cfg        BusConfig
+	lanes      int
+	tiers      bool
+	predictTTL time.Duration
 	dir   *cluster.Directory
 	life  context.Context // the service's: ends at Close
 }
@@ -85,7 +86,7 @@ func NewOnBus(cfg Config, bc BusConfig) (*Service, error) {
 		return nil, fmt.Errorf("serve: bus: %w", err)
 	}
 	s := New(cfg)
-	s.bus = &bus{cfg: bc, lanes: s.cfg.Lanes, tiers: s.cfg.Tiers, dir: dir, life: s.ctx}
+	s.bus = &bus{cfg: bc, lanes: s.cfg.Lanes, tiers: s.cfg.Tiers, predictTTL: s.cfg.PredictTTL, dir: dir, life: s.ctx}
 	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
 	defer cancel()
 	if err := s.discover(ctx); err != nil {
@@ -129,7 +130,7 @@ func (b *bus) join(ctx context.Context, k modelKey, blockSize int) (*index, erro
 	}
 	pool := ix.(*shardpool.Pool)
 	r.SnapshotEvery(b.life, pool.Index(), b.cfg.SnapshotEvery, nil)
-	idx := indexOver(pool, blockSize)
+	idx := indexOver(pool, blockSize, b.predictTTL)
 	idx.bus, idx.replica = bu, r
 	idx.sink = &busSink{bus: bu, replica: r, next: uint64(time.Now().UnixNano())}
 	return idx, nil

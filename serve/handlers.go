@@ -299,7 +299,7 @@ func (s *Service) query(w http.ResponseWriter, r *http.Request) {
 		// The tier lookup and the predictions need the hashes too.
 		if idx.tiers || q.CacheSalt != "" || len(idx.pred.state.Load().routed) > 0 {
 			local := hashing.LocalHashes(nil, q.TokenIDs, idx.blockSize, hashing.Options{LoRAName: q.LoRAName, Salt: q.CacheSalt})
-			res, _, _, err := idx.match(local)
+			res, _, _, _, err := idx.match(local, false)
 			return local, res, len(local), err
 		}
 		res, err := idx.pool.FindMatchesForRequest(q.TokenIDs, q.LoRAName)
@@ -317,7 +317,7 @@ func (s *Service) queryByHash(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.answer(w, "query_by_hash", "block_hashes", len(q.BlockHashes), q.ModelName, q.TenantID, func(idx *index) ([]uint64, radix.OverlapScores, int, error) {
-		res, _, _, err := idx.match(q.BlockHashes)
+		res, _, _, _, err := idx.match(q.BlockHashes, false)
 		return q.BlockHashes, res, len(q.BlockHashes), err
 	})
 }

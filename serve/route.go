@@ -67,8 +67,8 @@ type Candidate struct {
 	ActiveRequests int     `json:"active_requests"`
 	Cost           float64 `json:"cost"`
 	// Predicted marks an instance routed on the model of its cache (no
-	// events, or stale ones): its overlap_blocks are the model's where
-	// greater than the events'.
+	// events, or stale ones), or whose overlap_blocks came from the
+	// decisions of the last -predict-ttl: more than its events say.
 	Predicted bool `json:"predicted,omitempty"`
 }
 
@@ -217,7 +217,7 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 	if q.TokenIDs != nil {
 		local, isl = hashing.LocalHashes(nil, q.TokenIDs, idx.blockSize, hashing.Options{}), len(q.TokenIDs)
 	}
-	scores, predicted, pst, err := idx.match(local)
+	scores, predicted, events, pst, err := idx.match(local, true)
 	var tiers radix.TierScores
 	if err == nil && idx.tiers {
 		tiers, err = idx.pool.FindTierMatches(local)
@@ -249,7 +249,7 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	wk, cands, err := rt.m.admit(key, idx.blockSize, isl, local, scores.Scores, tiers.Scores)
 	if err == nil {
-		if err = s.predict(k, idx, pst, key, wk, local, isl, predicted[wk], scores.Scores[wk]); err != nil {
+		if err = s.predict(k, idx, pst, key, wk, local, isl, predicted[wk], events[wk]); err != nil {
 			rt.m.mu.Lock()
 			rt.end(key)
 			rt.m.mu.Unlock()
@@ -272,7 +272,7 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 	a := RouteAnswer{RequestID: q.RequestID, PromptBlocks: len(local), OverlapWeight: routeWeight, Candidates: cands}
 	for i, c := range cands {
 		w := kvevent.Worker{ID: kvevent.WorkerID(c.InstanceID), DPRank: kvevent.DPRank(c.DPRank)}
-		cands[i].Predicted = pst.routed[w] != ""
+		cands[i].Predicted = pst.routed[w] != "" || c.OverlapBlocks > events[w]
 		if w == wk {
 			a.Candidate = cands[i]
 		}

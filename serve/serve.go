@@ -104,6 +104,11 @@ type Config struct {
 	// total_kv_blocks on its model's predictions while no message of its
 	// has come for this long (see approx.go); 0 never does.
 	EventsStaleAfter time.Duration
+	// PredictTTL, if set, has /route count every decision for this long
+	// beside the events, merged by max (router.KVPredict's way): a burst of
+	// requests sharing a prefix follows the first before its blocks are
+	// stored (see approx.go); 0 does not.
+	PredictTTL time.Duration
 }
 
 // Bounds of Config's fields: New floors or caps a field past them (a
@@ -196,7 +201,7 @@ func (idx *index) close() error {
 		idx.replica.Close()
 		idx.bus.Close()
 	}
-	_ = idx.pred.approx.Close()
+	idx.pred.close()
 	return idx.pool.Close()
 }
 
@@ -805,7 +810,7 @@ func (s *Service) createIndex(k modelKey, blockSize int) (*index, error) {
 		defer cancel()
 		return s.bus.join(ctx, k, blockSize)
 	}
-	return indexOver(newPool(s.cfg.Lanes, blockSize, s.cfg.Tiers), blockSize), nil
+	return indexOver(newPool(s.cfg.Lanes, blockSize, s.cfg.Tiers), blockSize, s.cfg.PredictTTL), nil
 }
 
 // newPool returns an empty pool, keeping every tier or the device's.
@@ -816,9 +821,10 @@ func newPool(lanes, blockSize int, tiers bool) *shardpool.Pool {
 	return shardpool.NewPool(lanes, blockSize)
 }
 
-// indexOver returns the index of pool, with its router.
-func indexOver(pool *shardpool.Pool, blockSize int) *index {
-	return &index{pool: pool, sink: pool, blockSize: blockSize, tiers: pool.KeepsTiers(), router: &modelRouter{}, pred: newPredictions(blockSize)}
+// indexOver returns the index of pool, with its router and predictions
+// (decisions counted for predictTTL, if not 0).
+func indexOver(pool *shardpool.Pool, blockSize int, predictTTL time.Duration) *index {
+	return &index{pool: pool, sink: pool, blockSize: blockSize, tiers: pool.KeepsTiers(), router: &modelRouter{}, pred: newPredictions(blockSize, predictTTL)}
 }
 
 // Close stops every subscriber and, with Config.StateDir, saves the state

@@ -263,7 +263,7 @@ func (s *Service) loadIndex(si savedIndex, version int) (*index, error) {
 		pool.Close()
 		return nil, fmt.Errorf("serve: state of %s:%s (%s): %w", si.Model, si.Tenant, si.File, err)
 	}
-	return indexOver(pool, si.BlockSize), nil
+	return indexOver(pool, si.BlockSize, s.cfg.PredictTTL), nil
 }
 
 // Save writes the state to Config.StateDir now, while the service goes on

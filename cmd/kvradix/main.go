@@ -67,6 +67,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	natsMaxBytes := fs.Int64("nats-max-bytes", 0, "with -nats, keep each model's stream to this many bytes at most (0: no bound)")
 	grace := fs.Duration("shutdown-grace", 10*time.Second, "on SIGTERM, how long requests in flight may take before their connections are cut")
 	peers := fs.String("peers", "", "other services indexing the same engines, http://host:port,...: started empty (no -state to recover), restore the indexes from the first whose /dump answers")
+	predictTTL := fs.Duration("predict-ttl", 0, "count every /route decision for this long beside the events, merged by max, so that a burst of requests sharing a prefix follows the first before its blocks are stored (0: off; 2s is kv_predict's)")
 	stale := fs.Duration("events-stale-after", 0, "route an engine registered with total_kv_blocks on the model of its cache while it has sent no message for this long (0: never)")
 	tiers := fs.Bool("tiers", false, "keep every tier (host, disk, external): queries answer tier_scores, /route weighs blocks by tier (default: the device only)")
 	if err := fs.Parse(args[1:]); errors.Is(err, flag.ErrHelp) {
@@ -87,6 +88,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 		{*blockSize >= 1 && *blockSize <= serve.MaxBlockSize, "block-size", *blockSize, fmt.Sprintf("1 to %d", serve.MaxBlockSize)},
 		{*grace >= 0, "shutdown-grace", *grace, "0 or more"},
 		{*stale >= 0, "events-stale-after", *stale, "0 (never) or more"},
+		{*predictTTL >= 0, "predict-ttl", *predictTTL, "0 (off) or more"},
 	} {
 		if !c.ok {
 			return fmt.Errorf("-%s %v: want %s", c.flag, c.v, c.want)
@@ -102,7 +104,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 		return fmt.Errorf("-workers: %w", err)
 	}
 	cfg := serve.Config{Lanes: *lanes, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl,
-		SaveEvery: *saveEvery, Tiers: *tiers, Peers: splitList(*peers), EventsStaleAfter: *stale, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
+		SaveEvery: *saveEvery, Tiers: *tiers, Peers: splitList(*peers), EventsStaleAfter: *stale, PredictTTL: *predictTTL, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
 	cfg.Subscriber.OnLoss = newLossLog(stderr, time.Second).log
 	auth, err := natsAuth(*natsCreds, *natsTokenFile, os.Getenv(natsTokenEnv))
 	if err != nil {
