@@ -63,8 +63,8 @@ type bus struct {
 	lanes      int
 	tiers      bool
 	predictTTL time.Duration
-	dir   *cluster.Directory
-	life  context.Context // the service's: ends at Close
+	dir        *cluster.Directory
+	life       context.Context // the service's: ends at Close
 }
 
 // NewOnBus returns an empty service whose indexes follow the NATS bus
