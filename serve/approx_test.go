@@ -81,6 +81,14 @@ func TestEventFreeEngines(t *testing.T) {
 	if n := metric(t, ts.URL, `kvradix_engines_predicted{model="m:default",reason="event_free"}`); n != 1 {
 		t.Fatalf("%v engines predicted without events, want 1", n)
 	}
+	// c's 8 blocks and a's first are held; c leases; a's and b's 7 others
+	// were evicted.
+	for sample, want := range map[string]float64{`kvradix_approx_blocks{model="m:default",what="blocks"}`: 9,
+		`kvradix_approx_blocks{model="m:default",what="leases"}`: 1, `kvradix_approx_evicted_blocks_total{model="m:default"}`: 7} {
+		if n := metric(t, ts.URL, sample); n != want {
+			t.Errorf("%s = %v, want %v", sample, n, want)
+		}
+	}
 }
 
 // An engine registered with an endpoint and total_kv_blocks is modelled

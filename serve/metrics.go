@@ -58,6 +58,8 @@ var (
 	descDisconnct = prometheus.NewDesc("kvradix_subscriber_disconnects_total", "Receive errors on an engine's connection (it reconnects).", []string{"model", "instance", "dp_rank"}, nil)
 	descCopies    = prometheus.NewDesc("kvradix_subscriber_copies_kept_total", "An engine's removed block hashes kept in the index because the engine holds another copy (vLLM keeps duplicate blocks).", []string{"model", "instance", "dp_rank"}, nil)
 	descPredicted = prometheus.NewDesc("kvradix_engines_predicted", "Engines (instance and rank) routed on the model of their cache, by reason: event_free (registered without an endpoint), stale (no message for -events-stale-after).", []string{"model", "reason"}, nil)
+	descModelHeld = prometheus.NewDesc("kvradix_approx_blocks", "Blocks the models of a model's engines' caches hold, and the requests leasing blocks there.", []string{"model", "what"}, nil)
+	descModelEvic = prometheus.NewDesc("kvradix_approx_evicted_blocks_total", "Blocks the models of a model's engines' caches evicted for capacity.", []string{"model"}, nil)
 	descModeled   = prometheus.NewDesc("kvradix_engines_modeled", "Engines (instance and rank) registered with total_kv_blocks, whose cache the service models from its routes.", []string{"model"}, nil)
 )
 
@@ -147,7 +149,7 @@ func (m *metrics) handler() http.Handler {
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descApplied, descRejected, descIgnored, descPairs, descBytes, descDepth,
 		descGaps, descReplayed, descRestarts, descLost, descReceived, descDisconnct, descDown, descLastMsg, descBusSeq, descBusBad,
-		descRefused, descUndecod, descBadFrame, descEngines, descPredicted, descModeled, descCopies} {
+		descRefused, descUndecod, descBadFrame, descEngines, descPredicted, descModeled, descCopies, descModelHeld, descModelEvic} {
 		ch <- d
 	}
 }
@@ -181,6 +183,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		}
 		ps := idx.pred.state.Load()
 		gauge(descModeled, float64(len(ps.modeled)), model)
+		as := idx.pred.approx.ApproxStats()
+		gauge(descModelHeld, float64(as.Blocks), model, "blocks")
+		gauge(descModelHeld, float64(as.Leased), model, "leases")
+		counter(descModelEvic, as.Evicted, model)
 		for _, reason := range []string{predictedEventFree, predictedStale} {
 			n := 0
 			for _, why := range ps.routed {
