@@ -114,6 +114,19 @@ func (p *predictions) forget(w kvevent.Worker) {
 	})
 }
 
+// abandon undoes the prediction of a route dropped as its instance left
+// (s.mu held): its lease goes, and so does what it predicted of an engine
+// no longer modelled (the instance's forget may have come before it).
+func (p *predictions) abandon(key uuid.UUID, w kvevent.Worker) {
+	_, _ = p.approx.Release(key)
+	if !p.state.Load().modeled[w] {
+		_ = p.approx.Forget(w)
+	}
+	if p.burst != nil {
+		_ = p.burst.Forget(w)
+	}
+}
+
 // stale marks an engine with events as routed on predictions or not
 // (s.mu held); a no-op when nothing changes.
 func (p *predictions) stale(w kvevent.Worker, stale bool) {

@@ -96,7 +96,9 @@ func TestEventFreeEngines(t *testing.T) {
 // goes quiet for longer than EventsStaleAfter it is routed on the model;
 // when it speaks again, on its events.
 func TestStaleEventsFallBack(t *testing.T) {
-	svc := serve.New(serve.Config{EventsStaleAfter: 300 * time.Millisecond, RequestTTL: time.Minute})
+	// Seconds, not less: on a loaded machine the routes on events below
+	// must come before the engine counts as quiet.
+	svc := serve.New(serve.Config{EventsStaleAfter: 3 * time.Second, RequestTTL: time.Minute})
 	defer svc.Close()
 	ts := httptest.NewServer(svc.Handler())
 	defer ts.Close()

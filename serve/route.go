@@ -258,6 +258,9 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	switch {
 	case s.routes[key] != rt: // its instance left meanwhile: freed
+		if err == nil {
+			idx.pred.abandon(key, wk)
+		}
 	case err != nil:
 		delete(s.routes, key)
 	default:
