@@ -76,10 +76,10 @@ var ErrNotRead = errors.New("shardpool: an approximate index reads no KV events"
 //
 // Its predictions are kept as Stored and Removed events of a
 // radix.CompressedTree, so a prediction is matched exactly as an event
-// stream would be. Writers (Predict, Release, SetCapacity, RemoveWorker)
-// are serialised by a mutex; FindMatches reads the tree without it, except
-// that an ApproxTTL index first drops what has expired. All methods are
-// safe for concurrent use.
+// stream would be. Writers (Predict, Release, SetCapacity, Forget,
+// RemoveWorker) are serialised by a mutex; FindMatches reads the tree
+// without it, except that an ApproxTTL index first drops what has expired
+// when an expiry is due. All methods are safe for concurrent use.
 type Approx struct {
 	cfg    ApproxConfig
 	ttl    time.Duration
