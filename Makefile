@@ -81,11 +81,12 @@ replay-tiers:
 	  echo; echo "# go run ./cmd/loadgen replay $(TIERS)"; $(GO) run ./cmd/loadgen replay $(TIERS); } | tee $(RESULTS)/replay-tiers.txt
 	{ echo "# go run ./cmd/loadgen replay -json $(TIERS)"; $(HOSTLINE); $(GO) run ./cmd/loadgen replay -json $(TIERS); } > $(RESULTS)/replay-tiers.json
 
-# Routing without events on the embedded trace (about 3 minutes on 2
+# Routing without events on the embedded trace (about 5 minutes on 2
 # cores): kv against the approximate routers and kv_predict; their
 # accuracy as kv_approx_lru's capacity (x the engines' true blocks, at the
 # default pool and at a pressed one) and kv_approx_ttl's lifetime vary;
-# kv_predict on bursts. Tables and JSON into results/.
+# kv_predict on bursts; router replicas sharing their admissions or not.
+# Tables and JSON into results/.
 APPROX_ROUTERS = -routers kv,kv_approx_lru,kv_approx_ttl,kv_predict
 APPROX_CAP ?= -sweep approx_capacity=0.25,0.5,1,2,4
 APPROX_TTL ?= -sweep approx_ttl=30,120,300,600,1200,3600
@@ -96,6 +97,8 @@ replay-approx:
 	  for r in 4 8 12; do echo; echo "# go run ./cmd/loadgen replay -burst -burst-rate $$r -routers kv,kv_predict,kv_approx_lru"; $(GO) run ./cmd/loadgen replay -burst -burst-rate $$r -routers kv,kv_predict,kv_approx_lru; done; } | tee $(RESULTS)/replay-approx.txt
 	{ echo "# go run ./cmd/loadgen replay -json -blocks 2048 $(APPROX_CAP)"; $(HOSTLINE); $(GO) run ./cmd/loadgen replay -json -blocks 2048 $(APPROX_CAP); } > $(RESULTS)/replay-approx-capacity.json
 	{ echo "# go run ./cmd/loadgen replay -json $(APPROX_TTL)"; $(HOSTLINE); $(GO) run ./cmd/loadgen replay -json $(APPROX_TTL); } > $(RESULTS)/replay-approx-ttl.json
+	{ echo "# go run ./cmd/loadgen replay -replicas N [-isolated] -routers kv,kv_approx_lru,kv_approx_ttl (N = 2, 4)"; $(HOSTLINE); \
+	  for n in 2 4; do for iso in false true; do echo; $(GO) run ./cmd/loadgen replay -replicas $$n -isolated=$$iso -routers kv,kv_approx_lru,kv_approx_ttl; done; done; } | tee $(RESULTS)/replay-approx-replicas.txt
 
 # Every SVG plot in results/, from the results files alone.
 plots:
