@@ -31,26 +31,40 @@ import (
 func BenchmarkFreshStore(b *testing.B) {
 	for _, events := range []string{"go", "json"} {
 		for _, writers := range []int{1, 2} {
-			b.Run(fmt.Sprintf("events=%s/writers=%d", events, writers), func(b *testing.B) {
-				var nsPerBlock, rss float64
-				runs := 0
-				for b.Loop() {
-					ns, mb := freshStore(b, events, writers)
-					nsPerBlock += ns
-					rss = max(rss, mb)
-					runs++
-				}
-				b.ReportMetric(nsPerBlock/float64(runs), "ns/block")
-				b.ReportMetric(rss, "rss-MB")
-			})
+			b.Run(fmt.Sprintf("events=%s/writers=%d", events, writers), func(b *testing.B) { freshStores(b, events, writers, "grown") })
 		}
 	}
 }
 
+// BenchmarkFreshStoreSized is BenchmarkFreshStore's events=go over a tree
+// whose table of engine hashes is sized up front for the blocks stored
+// (radix.NewCompressedTreeSized: the stored pairs, an upper bound of the
+// distinct blocks, as the engines' pools summed would be).
+func BenchmarkFreshStoreSized(b *testing.B) {
+	for _, writers := range []int{1, 2} {
+		b.Run(fmt.Sprintf("events=go/writers=%d", writers), func(b *testing.B) { freshStores(b, "go", writers, "sized") })
+	}
+}
+
+// freshStores runs a child per iteration and reports their mean ns per
+// block and greatest peak RSS.
+func freshStores(b *testing.B, events string, writers int, table string) {
+	var nsPerBlock, rss float64
+	runs := 0
+	for b.Loop() {
+		ns, mb := freshStore(b, events, writers, table)
+		nsPerBlock += ns
+		rss = max(rss, mb)
+		runs++
+	}
+	b.ReportMetric(nsPerBlock/float64(runs), "ns/block")
+	b.ReportMetric(rss, "rss-MB")
+}
+
 // freshStore runs one child and returns its ns per block and peak RSS.
-func freshStore(b *testing.B, events string, writers int) (float64, float64) {
+func freshStore(b *testing.B, events string, writers int, table string) (float64, float64) {
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestFreshStoreChild$", "-test.count", "1")
-	cmd.Env = append(os.Environ(), "KVRADIX_FRESH_STORE="+events+","+strconv.Itoa(writers), "GOMAXPROCS=2")
+	cmd.Env = append(os.Environ(), "KVRADIX_FRESH_STORE="+events+","+strconv.Itoa(writers)+","+table, "GOMAXPROCS=2")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
@@ -74,8 +88,12 @@ func TestFreshStoreChild(t *testing.T) {
 	if spec == "" {
 		t.Skip("run by BenchmarkFreshStore")
 	}
-	events, w, _ := strings.Cut(spec, ",")
-	writers, err := strconv.Atoi(w)
+	parts := strings.Split(spec, ",")
+	if len(parts) != 3 {
+		t.Fatalf("KVRADIX_FRESH_STORE=%q, want events,writers,table", spec)
+	}
+	events, table := parts[0], parts[2]
+	writers, err := strconv.Atoi(parts[1])
 	if err != nil || writers < 1 {
 		t.Fatalf("KVRADIX_FRESH_STORE=%q", spec)
 	}
@@ -93,6 +111,9 @@ func TestFreshStoreChild(t *testing.T) {
 	}
 	runtime.GC()
 	idx := radix.NewCompressedTree()
+	if table == "sized" {
+		idx = radix.NewCompressedTreeSized(blocks)
+	}
 	start := time.Now()
 	var wg sync.WaitGroup
 	for g := range writers {

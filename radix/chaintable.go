@@ -152,6 +152,36 @@ func (c *chainTable) init(keyOf func(loc uint64) (uint64, bool)) {
 	c.dir.Store(&chainDir{segs: []*chainSeg{newSeg(0, segSmall)}})
 }
 
+// reserveLoad is the share of a full-size segment's slots a reserved
+// table fills with the entries it was sized for: below the 7/8 at which a
+// segment splits, so that the count it was sized for splits none.
+const reserveLoad = 0.7
+
+// maxReserveDepth bounds a reservation: 2^14 segments, 512 MiB of slots.
+const maxReserveDepth = 14
+
+// reserve sizes an empty table for n entries up front: a directory of
+// full-size segments, enough that n entries (at reserveLoad) split none,
+// so that filling it moves no entry and faults in no page a split would.
+// Past maxReserveDepth it reserves that much and grows as usual.
+func (c *chainTable) reserve(n int) {
+	depth := reserveDepth(n)
+	segs := make([]*chainSeg, 1<<depth)
+	for i := range segs {
+		segs[i] = newSeg(depth, segSlots)
+	}
+	c.dir.Store(&chainDir{depth: depth, segs: segs})
+}
+
+// reserveDepth is the directory depth reserve gives n entries.
+func reserveDepth(n int) uint8 {
+	depth := uint8(0)
+	for depth < maxReserveDepth && float64(n) > float64(segSlots)*reserveLoad*float64(uint64(1)<<depth) {
+		depth++
+	}
+	return depth
+}
+
 // segment returns the segment serving fingerprint fp.
 func (c *chainTable) segment(fp uint64) *chainSeg {
 	d := c.dir.Load()

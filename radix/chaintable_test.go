@@ -2,6 +2,7 @@ package radix
 
 import (
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"unsafe"
@@ -36,8 +37,15 @@ func loc(id, off int) uint64 { return uint64(id)<<32 | uint64(off) }
 
 // The table agrees with a map through claims, finds and releases that
 // split segments many times and rebuild them after mass deletion, with
-// hashes that share fingerprints (small integers and colliding ones).
+// hashes that share fingerprints (small integers and colliding ones);
+// reserved for a part of them up front, or for all (splitting none), too.
 func TestChainTableModel(t *testing.T) {
+	for _, reserve := range []int{0, 40_000} {
+		testChainTableModel(t, reserve)
+	}
+}
+
+func testChainTableModel(t *testing.T, reserve int) {
 	const runs, perRun = 64, 4096
 	rng := rand.New(rand.NewPCG(1, 2))
 	c := newTestChain(runs, perRun, func(id, off int) uint64 {
@@ -49,6 +57,9 @@ func TestChainTableModel(t *testing.T) {
 		}
 		return rng.Uint64()
 	})
+	if reserve > 0 {
+		c.reserve(reserve)
+	}
 	model := map[uint64]uint64{} // hash -> block
 	check := func(h uint64) {
 		t.Helper()
@@ -93,7 +104,7 @@ func TestChainTableModel(t *testing.T) {
 		}
 	}
 	if d := c.dir.Load(); d.depth < 6 {
-		t.Fatalf("directory depth %d: the test did not split", d.depth)
+		t.Fatalf("reserve %d: directory depth %d: the test did not split", reserve, d.depth)
 	}
 	distinct := map[*chainSeg]bool{}
 	for _, s := range c.dir.Load().segs {
@@ -104,6 +115,47 @@ func TestChainTableModel(t *testing.T) {
 	}
 	if len(distinct) > 1 {
 		t.Fatalf("%d segments left after every release: not merged", len(distinct))
+	}
+}
+
+// A table reserved for n entries takes n without splitting or growing a
+// segment (its directory is the one reserved, segment for segment), finds
+// every one, and merges back to one segment when they leave; a
+// reservation past the cap is capped.
+func TestChainTableReserve(t *testing.T) {
+	const runs, perRun = 100, 4096
+	const n = runs * perRun
+	c := newTestChain(runs, perRun, func(id, off int) uint64 { return uint64(id)<<40 | uint64(off)*0x9E3779B97F4A7C15>>24 })
+	c.reserve(n)
+	reserved := c.dir.Load()
+	if reserved.depth != 8 || len(reserved.segs) != 256 {
+		t.Fatalf("reserved depth %d, %d segments; want 8, 256 (%d entries at load %v)", reserved.depth, len(reserved.segs), n, reserveLoad)
+	}
+	for id := 1; id <= runs; id++ {
+		for off := range perRun {
+			if !c.claim(c.keys[id][off], loc(id, off)) {
+				t.Fatalf("claim %d/%d refused", id, off)
+			}
+		}
+	}
+	if d := c.dir.Load(); d != reserved {
+		t.Fatalf("the directory changed filling what it was reserved for: depth %d, %d segments", d.depth, len(d.segs))
+	}
+	for id := 1; id <= runs; id++ {
+		for off := range perRun {
+			if got, ok := c.find(c.keys[id][off]); !ok || got != loc(id, off) {
+				t.Fatalf("find %d/%d: %#x %v", id, off, got, ok)
+			}
+			c.release(c.keys[id][off], loc(id, off))
+		}
+	}
+	if segs := c.dir.Load().segs; slices.ContainsFunc(segs, func(s *chainSeg) bool { return s != segs[0] }) {
+		t.Fatal("segments left unmerged after every release")
+	}
+	for n, want := range map[int]uint8{0: 0, 2867: 0, 2868: 1, 5_660_000: 11, 1 << 40: maxReserveDepth} {
+		if got := reserveDepth(n); got != want {
+			t.Errorf("reserveDepth(%d) = %d, want %d", n, got, want)
+		}
 	}
 }
 

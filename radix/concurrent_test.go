@@ -36,6 +36,11 @@ var concurrentImpls = []concurrentImpl{
 		func(i radix.ConcurrentIndex) (int, error) {
 			return radix.CompressedInvariants(i.(*radix.CompressedTree))
 		}},
+	// Its table reserved up front (16 segments), growing past it as usual.
+	{"compressed-sized", func() radix.ConcurrentIndex { return radix.NewCompressedTreeSized(40_000) },
+		func(i radix.ConcurrentIndex) (int, error) {
+			return radix.CompressedInvariants(i.(*radix.CompressedTree))
+		}},
 }
 
 // TestConcurrentStructure checks each concurrent index's structure after

@@ -114,6 +114,9 @@ func TestCompressedTreeConformance(t *testing.T) {
 	t.Run("cramped", func(t *testing.T) {
 		radixtest.Run(t, func() radix.Index { return radix.NewCompressedTreeCramped() })
 	})
+	t.Run("sized", func(t *testing.T) {
+		radixtest.Run(t, func() radix.Index { return radix.NewCompressedTreeSized(40_000) })
+	})
 }
 
 func FuzzCompressedTree(f *testing.F) {
