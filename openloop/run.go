@@ -332,7 +332,7 @@ func (s *runState) result(im shardpool.Impl, before runtime.MemStats, st stopSta
 	window := c.ReferenceWindow
 	issuedAll := s.issued.Load() == int64(len(c.Ops))
 	r := &Result{
-		SchemaVersion: SchemaVersion, Backend: "kvradix-" + im.Name, Timer: "monotonic",
+		SchemaVersion: SchemaVersion, Backend: "kvradix-" + indexName(im), Timer: "monotonic",
 		BenchmarkDurationMs: uint64(window.Milliseconds()), BlockSize: c.BlockSize,
 		QueryLanes: len(s.lanes), IssuerThreads: len(s.lag), EventWorkers: max(im.Lanes, 1),
 		IssuerCPUs: []int{}, BackendCPUs: []int{}, GeneratorGate: "deadline-groups",
@@ -343,7 +343,7 @@ func (s *runState) result(im shardpool.Impl, before runtime.MemStats, st stopSta
 		QueueDepthAtStop:          []int{st.depth}, OutstandingUpdatesAtStop: st.events,
 		IssuerCPUNs: s.harnessCPU.Load(), IssueSpanNs: s.lastIssue.Load(), DrainNs: st.end - st.stopped,
 		FailureReasons: []string{},
-		Index:          im.Name, Lanes: im.Lanes, ElapsedNs: st.end, Pairs: stats.Pairs, RejectedEvents: stats.Rejected(),
+		Index:          indexName(im), Lanes: im.Lanes, ElapsedNs: st.end, Pairs: stats.Pairs, RejectedEvents: stats.Rejected(),
 		Interrupted: !issuedAll,
 	}
 	r.SetTotals(s.totals, window)
@@ -376,4 +376,13 @@ func (s *runState) result(im shardpool.Impl, before runtime.MemStats, st stopSta
 		r.BytesPerPair = float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(stats.Pairs)
 	}
 	return r
+}
+
+// indexName is the result's name of an indexer: its Impl's, "-sized" for a
+// table sized up front.
+func indexName(im shardpool.Impl) string {
+	if im.Blocks > 0 {
+		return im.Name + "-sized"
+	}
+	return im.Name
 }

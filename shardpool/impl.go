@@ -14,6 +14,10 @@ import (
 type Impl struct {
 	Name  string
 	Lanes int // pools only
+	// Blocks, if set, sizes a compressed pool's table of engine hashes up
+	// front for this many blocks (radix.NewCompressedTreeSized; the
+	// engines' pools summed, say); 0 grows it as it fills.
+	Blocks int
 }
 
 // ImplNames lists every indexer implementation, baseline first.
@@ -30,15 +34,22 @@ func (i Impl) New(blockSize int) Indexer {
 	case "pool":
 		return NewPoolOver(i.Lanes, blockSize, radix.NewConcurrentTree())
 	case "compressed":
+		if i.Blocks > 0 {
+			return NewPoolOver(i.Lanes, blockSize, radix.NewCompressedTreeSized(i.Blocks))
+		}
 		return NewPoolOver(i.Lanes, blockSize, radix.NewCompressedTree())
 	}
 	panic(fmt.Sprintf("shardpool: unknown Impl %q (want one of %v)", i.Name, ImplNames))
 }
 
-// String is the benchmark-name form: impl=single, impl=pool/lanes=2.
+// String is the benchmark-name form: impl=single, impl=pool/lanes=2,
+// impl=compressed/lanes=2/sized for a table sized up front.
 func (i Impl) String() string {
 	if i.Name == "single" {
 		return "impl=single"
+	}
+	if i.Blocks > 0 {
+		return fmt.Sprintf("impl=%s/lanes=%d/sized", i.Name, i.Lanes)
 	}
 	return fmt.Sprintf("impl=%s/lanes=%d", i.Name, i.Lanes)
 }

@@ -371,6 +371,13 @@ func TestParseImpls(t *testing.T) {
 	if strings.Join(got, " ") != want {
 		t.Fatalf("impls %v, want %s", got, want)
 	}
+	sized := shardpool.Impl{Name: "compressed", Lanes: 2, Blocks: 10_000}
+	idx := sized.New(4)
+	check(t, idx.ApplyEvent(storedTokens(kvevent.TierDevice, make([]uint32, 8))))
+	if flush(t, idx); sized.String() != "impl=compressed/lanes=2/sized" || idx.Stats().Pairs != 2 {
+		t.Fatalf("sized: %s, %d pairs", sized, idx.Stats().Pairs)
+	}
+	check(t, idx.Close())
 	if _, err := shardpool.ParseImpls("single,btree", []int{1}); err == nil || !strings.Contains(err.Error(), "btree") {
 		t.Fatalf("unknown name: %v", err)
 	}

@@ -67,6 +67,7 @@ type indexerConfig struct {
 	corpusFile string // an SMGMCK01 corpus to replay instead of building one
 	windowSet  bool   // -duration was given
 	sustained  bool
+	sized      bool // compressed pools' tables sized for the engines' pools summed
 }
 
 func (c *indexerConfig) register(fs *flag.FlagSet) {
@@ -85,6 +86,7 @@ func (c *indexerConfig) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile to `file`")
 	fs.StringVar(&c.memprofile, "memprofile", "", "write a heap profile to `file` at the end")
+	fs.BoolVar(&c.sized, "sized", false, "size the compressed pool's table of engine hashes up front for the engines' pools summed (workers x dup x -blocks): no segment splits as it fills")
 	fs.BoolVar(&c.sustained, "sustained", false, "find the sustained rate: each point in 3 fresh processes, all kept up at >= 99% of offered; the window halves from -duration, then bisects to 10% (one indexer: -compare and -lanes)")
 	c.out.register(fs)
 }
@@ -165,6 +167,13 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	cp, err := c.buildCorpus(progress)
 	if err != nil {
 		return err
+	}
+	if c.sized {
+		for i := range impls {
+			if impls[i].Name == "compressed" {
+				impls[i].Blocks = int(cp.LogicalWorkers) * c.corpus.Blocks
+			}
+		}
 	}
 	if c.churn {
 		return runChurn(stdout, cp, impls, c.window, c.out.format == "json", intr, progress)
