@@ -139,12 +139,6 @@ func (e *engine) publishTier(data kvevent.Data, tier kvevent.Tier) {
 	}
 }
 
-// cachedPrefix is how many leading prompt blocks are cached, leaving at
-// least one prompt token to compute (as vLLM recomputes the last token).
-func (e *engine) cachedPrefix(r *request) int {
-	return min(int(e.heldPrefix(r)), (r.isl-1)/e.cfg.BlockSize)
-}
-
 // heldPrefix is how many leading prompt blocks the engine holds, whether
 // or not it would recompute the last (the truth a router's overlap
 // predicts).
@@ -158,9 +152,11 @@ func (e *engine) heldPrefix(r *request) uint32 {
 
 // admit tries to give the request its blocks: cached prefix blocks are
 // referenced, the rest allocated, evicting least recently used free blocks.
+// The cached prefix leaves at least one prompt token to compute (as vLLM
+// recomputes the last token).
 func (e *engine) admit(r *request) bool {
 	r.held = e.heldPrefix(r)
-	hits := e.cachedPrefix(r)
+	hits := min(int(r.held), (r.isl-1)/e.cfg.BlockSize)
 	need := e.blocksFor(r.isl, r.osl) - hits
 	inFree := 0
 	for _, h := range r.seq[:hits] {

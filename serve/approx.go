@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/router"
@@ -58,7 +57,7 @@ func newPredictions(blockSize int, predictTTL time.Duration) *predictions {
 	if predictTTL > 0 {
 		p.burst, _ = shardpool.NewApprox(shardpool.ApproxConfig{Policy: shardpool.ApproxTTL, BlockSize: blockSize, TTL: predictTTL})
 	}
-	p.state.Store(&predictState{})
+	p.state.Store(&predictState{modeled: map[kvevent.Worker]bool{}, routed: map[kvevent.Worker]string{}})
 	return p
 }
 
@@ -74,12 +73,6 @@ func (p *predictions) close() {
 func (p *predictions) change(edit func(st *predictState)) {
 	old := p.state.Load()
 	st := &predictState{modeled: maps.Clone(old.modeled), routed: maps.Clone(old.routed)}
-	if st.modeled == nil {
-		st.modeled = map[kvevent.Worker]bool{}
-	}
-	if st.routed == nil {
-		st.routed = map[kvevent.Worker]string{}
-	}
 	edit(st)
 	p.state.Store(st)
 }
@@ -188,11 +181,7 @@ func (idx *index) match(local []uint64, route bool) (res radix.OverlapScores, pr
 // predict leases a routed request's blocks in its engine's model, if the
 // engine is modelled, and, where the engine's events flow, counts how the
 // prediction compared with them (events: the index's overlap there).
-func (s *Service) predict(k modelKey, idx *index, st *predictState, key uuid.UUID, w kvevent.Worker, local []uint64, isl int, predicted, events uint32) error {
-	if !st.modeled[w] && idx.pred.burst == nil {
-		return nil
-	}
-	seq := hashing.SequenceHashes(nil, local)
+func (s *Service) predict(k modelKey, idx *index, st *predictState, key uuid.UUID, w kvevent.Worker, local, seq []uint64, isl int, predicted, events uint32) error {
 	if b := idx.pred.burst; b != nil {
 		if err := b.Predict(key, w, local, seq, 0); err != nil {
 			return err
@@ -229,6 +218,6 @@ func (s *Service) checkStale(now time.Time) {
 				last = es.LastMessage
 			}
 		}
-		idx.pred.stale(kvevent.Worker{ID: k.instance, DPRank: kvevent.DPRank(k.rank)}, now.Sub(last) > s.cfg.EventsStaleAfter)
+		idx.pred.stale(k.worker(), now.Sub(last) > s.cfg.EventsStaleAfter)
 	}
 }

@@ -118,7 +118,7 @@ func (s *Service) workersOf(k modelKey) []kvevent.Worker {
 	var ws []kvevent.Worker
 	for key := range s.instances {
 		if key.modelKey == k {
-			ws = append(ws, kvevent.Worker{ID: key.instance, DPRank: kvevent.DPRank(key.rank)})
+			ws = append(ws, key.worker())
 		}
 	}
 	sort.Slice(ws, func(i, j int) bool {
@@ -163,10 +163,10 @@ func (s *Service) syncRouter(k modelKey, idx *index) error {
 // admit schedules a request as key; it returns the chosen worker and every
 // candidate's terms (m.mu holds the scheduler still between weighing them
 // and deciding).
-func (m *modelRouter) admit(key uuid.UUID, blockSize, isl int, local []uint64, overlaps map[kvevent.Worker]uint32, tiers map[kvevent.Worker][kvevent.NumTiers]uint32) (kvevent.Worker, []Candidate, error) {
+func (m *modelRouter) admit(key uuid.UUID, blockSize, isl int, seq []uint64, overlaps map[kvevent.Worker]uint32, tiers map[kvevent.Worker][kvevent.NumTiers]uint32) (kvevent.Worker, []Candidate, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	req := router.SchedRequest{ID: key, ISL: isl, Blocks: hashing.SequenceHashes(nil, local), Overlaps: overlaps, TierOverlaps: tiers}
+	req := router.SchedRequest{ID: key, ISL: isl, Blocks: seq, Overlaps: overlaps, TierOverlaps: tiers}
 	loads := m.sched.PotentialLoads(req)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -247,9 +247,10 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 	rt := &route{m: idx.router, pred: idx.pred, name: name}
 	s.routes[key] = rt
 	s.mu.Unlock()
-	wk, cands, err := rt.m.admit(key, idx.blockSize, isl, local, scores.Scores, tiers.Scores)
+	seq := hashing.SequenceHashes(nil, local)
+	wk, cands, err := rt.m.admit(key, idx.blockSize, isl, seq, scores.Scores, tiers.Scores)
 	if err == nil {
-		if err = s.predict(k, idx, pst, key, wk, local, isl, predicted[wk], events[wk]); err != nil {
+		if err = s.predict(k, idx, pst, key, wk, local, seq, isl, predicted[wk], events[wk]); err != nil {
 			rt.m.mu.Lock()
 			rt.end(key)
 			rt.m.mu.Unlock()

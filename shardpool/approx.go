@@ -495,12 +495,7 @@ func (a *Approx) RemoveWorker(id kvevent.WorkerID) error {
 	defer a.mu.Unlock()
 	for w := range a.ranks {
 		if w.ID == id {
-			delete(a.ranks, w)
-		}
-	}
-	for req, l := range a.leases {
-		if l.rank.w.ID == id {
-			delete(a.leases, req)
+			a.dropRank(w)
 		}
 	}
 	a.tree.RemoveWorker(id)
@@ -519,14 +514,20 @@ func (a *Approx) Forget(w kvevent.Worker) error {
 	if a.ranks[w] == nil {
 		return nil
 	}
+	a.dropRank(w)
+	a.apply(w, kvevent.Cleared{})
+	return nil
+}
+
+// dropRank forgets rank w and its leases, leaving the tree to the caller
+// (a.mu held). Its queued expiries are skipped when due.
+func (a *Approx) dropRank(w kvevent.Worker) {
 	delete(a.ranks, w)
 	for req, l := range a.leases {
 		if l.rank.w == w {
 			delete(a.leases, req)
 		}
 	}
-	a.apply(w, kvevent.Cleared{})
-	return nil
 }
 
 // Flush implements Indexer: predictions are applied as they are made.

@@ -88,16 +88,17 @@ type Converter struct {
 	BlockSize int
 	Rank      kvevent.DPRank // the rank of batches that name none
 	next      uint64
-	copies    map[copyKey]uint32
+	copies    map[copyPlace]map[uint64]uint32 // a hash's copies, by rank and tier
+	counted   int                             // the hashes counted, every place
 	c         struct {
 		stored, removed, cleared, size, tokens, group, unknown, rank, undecodable, remote, kept atomic.Uint64
 		counted                                                                                 atomic.Int64
 	}
 }
 
-// copyKey names a block's copies in one engine.
-type copyKey struct {
-	hash uint64
+// copyPlace is where an engine's copies of blocks are counted: a rank's
+// tier.
+type copyPlace struct {
 	rank kvevent.DPRank
 	tier kvevent.Tier
 }
@@ -117,16 +118,28 @@ func (c *Converter) Stats() ConvertStats {
 	}
 }
 
+// place returns the copy counts of a rank's tier, made on first use.
+func (c *Converter) place(rank kvevent.DPRank, tier kvevent.Tier) map[uint64]uint32 {
+	if c.copies == nil {
+		c.copies = make(map[copyPlace]map[uint64]uint32)
+	}
+	m := c.copies[copyPlace{rank, tier}]
+	if m == nil {
+		m = make(map[uint64]uint32)
+		c.copies[copyPlace{rank, tier}] = m
+	}
+	return m
+}
+
 // stored counts one more copy of each block.
 func (c *Converter) stored(rank kvevent.DPRank, tier kvevent.Tier, hashes []uint64) {
-	if c.copies == nil {
-		c.copies = make(map[copyKey]uint32)
-	}
+	m := c.place(rank, tier)
 	for _, h := range hashes {
-		k := copyKey{h, rank, tier}
-		c.copies[k]++
+		if m[h]++; m[h] == 1 {
+			c.counted++
+		}
 	}
-	c.c.counted.Store(int64(len(c.copies)))
+	c.c.counted.Store(int64(c.counted))
 }
 
 // removed returns the hashes whose last copy went (in place: hashes is the
@@ -135,25 +148,32 @@ func (c *Converter) removed(rank kvevent.DPRank, tier kvevent.Tier, hashes []uin
 	if len(remaining) != len(hashes) {
 		remaining = nil // not the engine's word on these hashes
 	}
+	m := c.place(rank, tier)
 	gone := hashes[:0]
 	for i, h := range hashes {
-		k := copyKey{h, rank, tier}
-		left := c.copies[k]
+		had := m[h]
+		left := had
 		switch {
 		case remaining != nil:
 			left = remaining[i]
 		case left > 0:
 			left--
 		}
-		if left > 0 {
-			c.copies[k] = left
+		switch {
+		case left > 0:
+			if had == 0 {
+				c.counted++
+			}
+			m[h] = left
 			c.c.kept.Add(1)
 			continue
+		case had > 0:
+			delete(m, h)
+			c.counted--
 		}
-		delete(c.copies, k)
 		gone = append(gone, h)
 	}
-	c.c.counted.Store(int64(len(c.copies)))
+	c.c.counted.Store(int64(c.counted))
 	return gone
 }
 
@@ -163,12 +183,13 @@ func (c *Converter) Forget(rank kvevent.DPRank) { c.forget(rank, nil) }
 
 // forget drops the counts of a rank, of one tier or (nil) all.
 func (c *Converter) forget(rank kvevent.DPRank, tier *kvevent.Tier) {
-	for k := range c.copies {
-		if k.rank == rank && (tier == nil || k.tier == *tier) {
-			delete(c.copies, k)
+	for p, m := range c.copies {
+		if p.rank == rank && (tier == nil || p.tier == *tier) {
+			c.counted -= len(m)
+			delete(c.copies, p)
 		}
 	}
-	c.c.counted.Store(int64(len(c.copies)))
+	c.c.counted.Store(int64(c.counted))
 }
 
 // Convert appends the router events of b to dst. The batch's data-parallel
