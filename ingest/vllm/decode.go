@@ -560,42 +560,32 @@ func readHash(b []byte) (uint64, []byte, error) {
 }
 
 func readHashes(b []byte, i int) ([]uint64, []byte, error) {
-	n, b, err := msgp.ReadArrayHeaderBytes(b)
-	if err != nil {
-		return nil, nil, evErr(i, "block_hashes", err)
-	}
-	if n > kvevent.MaxBlocks {
-		return nil, nil, evErr(i, "block_hashes", kvevent.ErrTooMany)
-	}
-	if int(n) > len(b) {
-		return nil, nil, evErr(i, "block_hashes", msgp.ErrShortBytes)
-	}
-	out := make([]uint64, n)
-	for k := range out {
-		if out[k], b, err = readHash(b); err != nil {
-			return nil, nil, evErr(i, fmt.Sprintf("block_hashes[%d]", k), err)
-		}
-	}
-	return out, b, nil
+	return readList(b, i, "block_hashes", readHash)
 }
 
-// readCounts reads remaining_copy_counts: at most kvevent.MaxBlocks
-// counts, each 0 to 2^32-1.
+// readCounts reads remaining_copy_counts: each 0 to 2^32-1.
 func readCounts(b []byte, i int) ([]uint32, []byte, error) {
+	return readList(b, i, "remaining_copy_counts", msgp.ReadUint32Bytes)
+}
+
+// readList reads event i's field, an array of at most kvevent.MaxBlocks
+// values, each with read; the array's claimed length is checked against
+// the bytes left before anything is allocated for it.
+func readList[T any](b []byte, i int, field string, read func([]byte) (T, []byte, error)) ([]T, []byte, error) {
 	n, b, err := msgp.ReadArrayHeaderBytes(b)
 	if err != nil {
-		return nil, nil, evErr(i, "remaining_copy_counts", err)
+		return nil, nil, evErr(i, field, err)
 	}
 	if n > kvevent.MaxBlocks {
-		return nil, nil, evErr(i, "remaining_copy_counts", kvevent.ErrTooMany)
+		return nil, nil, evErr(i, field, kvevent.ErrTooMany)
 	}
 	if int(n) > len(b) {
-		return nil, nil, evErr(i, "remaining_copy_counts", msgp.ErrShortBytes)
+		return nil, nil, evErr(i, field, msgp.ErrShortBytes)
 	}
-	out := make([]uint32, n)
+	out := make([]T, n)
 	for k := range out {
-		if out[k], b, err = msgp.ReadUint32Bytes(b); err != nil {
-			return nil, nil, evErr(i, fmt.Sprintf("remaining_copy_counts[%d]", k), err)
+		if out[k], b, err = read(b); err != nil {
+			return nil, nil, evErr(i, fmt.Sprintf("%s[%d]", field, k), err)
 		}
 	}
 	return out, b, nil
