@@ -263,11 +263,10 @@ type policy interface {
 	complete(id uuid.UUID) error
 }
 
-// routerPolicy drives kvradix routers, Config.Replicas of them taking the
-// requests in turn (or picks at random).
+// routerPolicy drives kvradix routers, Config.Replicas of them alike taking
+// the requests in turn (or picks at random).
 type routerPolicy struct {
 	rs       []*router.Router
-	r        *router.Router               // rs[0]: what every replica is
 	isolated bool                         // the replicas do not share admissions
 	owner    map[uuid.UUID]*router.Router // isolated: each request's replica
 	turn     int
@@ -315,7 +314,6 @@ func newRouterPolicy(name string, cfg Config) (*routerPolicy, error) {
 		}
 		p.rs = append(p.rs, r)
 	}
-	p.r = p.rs[0]
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	p.done = ctx
@@ -376,7 +374,7 @@ func (p *routerPolicy) now() time.Time {
 }
 
 func (p *routerPolicy) predicted() (uint32, bool) {
-	return p.overlap, p.rng == nil && p.r.Mode() != router.RoundRobin
+	return p.overlap, p.rng == nil && p.rs[0].Mode() != router.RoundRobin
 }
 
 // errQueued is choose's answer when the router holds the request back.
@@ -387,9 +385,9 @@ var errQueued = errors.New("replay: queued by the router")
 // at once, and the simulation holds the request and asks again after the
 // next step ends (the router's queue, on the virtual clock).
 func (p *routerPolicy) choose(_ int, req router.Request, _ []uint64) (int, error) {
-	dp := p.r.DPSize()
+	dp := p.rs[0].DPSize()
 	if p.rng != nil {
-		return p.rng.IntN(p.r.Workers() * dp), nil
+		return p.rng.IntN(p.rs[0].Workers() * dp), nil
 	}
 	// Apply every event published so far, so decisions do not depend on
 	// goroutine timing: the replay is deterministic.
@@ -412,7 +410,7 @@ func (p *routerPolicy) choose(_ int, req router.Request, _ []uint64) (int, error
 
 func (p *routerPolicy) sink(w kvevent.WorkerID) router.EventSink {
 	if len(p.rs) == 1 {
-		return p.r.Sink(w)
+		return p.rs[0].Sink(w)
 	}
 	sinks := make(fanout, len(p.rs))
 	for k, r := range p.rs {
@@ -568,7 +566,7 @@ func runPrompts(ctx context.Context, reqs []trace.Request, p *prompts, routerNam
 	if err != nil {
 		return res, err
 	}
-	if pol.r.Mode() != router.RoundRobin {
+	if pol.rs[0].Mode() != router.RoundRobin {
 		for _, r := range pol.rs {
 			if err := r.Flush(); err != nil {
 				return res, err
