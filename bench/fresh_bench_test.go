@@ -27,7 +27,10 @@ import (
 // events as the workload builds them; events=json stores them decoded from
 // their JSON, one allocation pattern of a real ingest. Each iteration is
 // one process; ns/block is the store's wall time per stored block (the
-// workload's building is not timed), rss-MB the child's peak RSS.
+// workload's building is not timed), sys-ns/block the system CPU over the
+// store per block and faults/block its page faults (on a virtual machine
+// faulting in the memory the index grows into is most of the system time),
+// rss-MB the child's peak RSS, build-ms the time to make the empty tree.
 func BenchmarkFreshStore(b *testing.B) {
 	for _, events := range []string{"go", "json"} {
 		for _, writers := range []int{1, 2} {
@@ -46,23 +49,38 @@ func BenchmarkFreshStoreSized(b *testing.B) {
 	}
 }
 
-// freshStores runs a child per iteration and reports their mean ns per
-// block and greatest peak RSS.
-func freshStores(b *testing.B, events string, writers int, table string) {
-	var nsPerBlock, rss float64
-	runs := 0
-	for b.Loop() {
-		ns, mb := freshStore(b, events, writers, table)
-		nsPerBlock += ns
-		rss = max(rss, mb)
-		runs++
-	}
-	b.ReportMetric(nsPerBlock/float64(runs), "ns/block")
-	b.ReportMetric(rss, "rss-MB")
+// freshFigures are what a child measured.
+type freshFigures struct {
+	nsPerBlock, sysPerBlock, faultsPerBlock, rssMB, buildMs float64
 }
 
-// freshStore runs one child and returns its ns per block and peak RSS.
-func freshStore(b *testing.B, events string, writers int, table string) (float64, float64) {
+// freshFormat is how a child prints its figures.
+const freshFormat = "fresh-store ns/block=%g sys-ns/block=%g faults/block=%g rss-MB=%g build-ms=%g"
+
+// freshStores runs a child per iteration and reports their means, and
+// their greatest peak RSS.
+func freshStores(b *testing.B, events string, writers int, table string) {
+	var sum freshFigures
+	runs := 0
+	for b.Loop() {
+		f := freshStore(b, events, writers, table)
+		sum.nsPerBlock += f.nsPerBlock
+		sum.sysPerBlock += f.sysPerBlock
+		sum.faultsPerBlock += f.faultsPerBlock
+		sum.buildMs += f.buildMs
+		sum.rssMB = max(sum.rssMB, f.rssMB)
+		runs++
+	}
+	n := float64(runs)
+	b.ReportMetric(sum.nsPerBlock/n, "ns/block")
+	b.ReportMetric(sum.sysPerBlock/n, "sys-ns/block")
+	b.ReportMetric(sum.faultsPerBlock/n, "faults/block")
+	b.ReportMetric(sum.rssMB, "rss-MB")
+	b.ReportMetric(sum.buildMs/n, "build-ms")
+}
+
+// freshStore runs one child and returns its figures.
+func freshStore(b *testing.B, events string, writers int, table string) freshFigures {
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestFreshStoreChild$", "-test.count", "1")
 	cmd.Env = append(os.Environ(), "KVRADIX_FRESH_STORE="+events+","+strconv.Itoa(writers)+","+table, "GOMAXPROCS=2")
 	var out bytes.Buffer
@@ -72,13 +90,13 @@ func freshStore(b *testing.B, events string, writers int, table string) (float64
 	}
 	sc := bufio.NewScanner(&out)
 	for sc.Scan() {
-		var ns, mb float64
-		if _, err := fmt.Sscanf(sc.Text(), "fresh-store ns/block=%g rss-MB=%g", &ns, &mb); err == nil {
-			return ns, mb
+		var f freshFigures
+		if _, err := fmt.Sscanf(sc.Text(), freshFormat, &f.nsPerBlock, &f.sysPerBlock, &f.faultsPerBlock, &f.rssMB, &f.buildMs); err == nil {
+			return f
 		}
 	}
 	b.Fatalf("child said no figure:\n%s", out.String())
-	return 0, 0
+	return freshFigures{}
 }
 
 // TestFreshStoreChild is BenchmarkFreshStore's child; it does nothing
@@ -110,10 +128,12 @@ func TestFreshStoreChild(t *testing.T) {
 		}
 	}
 	runtime.GC()
+	built := time.Now()
 	idx := radix.NewCompressedTree()
 	if table == "sized" {
 		idx = radix.NewCompressedTreeSized(blocks)
 	}
+	use0 := rss.Process()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for g := range writers {
@@ -130,5 +150,8 @@ func TestFreshStoreChild(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	fmt.Printf("fresh-store ns/block=%g rss-MB=%g\n", float64(elapsed.Nanoseconds())/float64(blocks), float64(rss.Peak())/(1<<20))
+	use := rss.Process().Minus(use0)
+	perBlock := func(x int64) float64 { return float64(x) / float64(blocks) }
+	fmt.Printf(freshFormat+"\n", perBlock(elapsed.Nanoseconds()), perBlock(use.SysNs), perBlock(use.Faults),
+		float64(rss.Peak())/(1<<20), float64(start.Sub(built).Microseconds())/1e3)
 }

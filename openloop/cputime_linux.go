@@ -16,13 +16,3 @@ func threadCPU() int64 {
 	}
 	return ts.Nano()
 }
-
-// processCPU returns the CPU time (user and system) the process has used,
-// in ns.
-func processCPU() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
-}

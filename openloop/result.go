@@ -75,10 +75,17 @@ type Result struct {
 	// them; AchievedBlockOpsPerLaneCPU, the block operations over it, is
 	// what the field calls block-ops/s per lane core. IssuerCPUFraction is
 	// the harness's CPU over the elapsed time × GOMAXPROCS: the share of
-	// the machine it took from the index.
+	// the machine it took from the index. ProcessSysCPUNs and PageFaults
+	// are the process's system CPU and page faults over the run: on a
+	// virtual machine most system CPU is faulting in the memory the index
+	// grows into. IndexBuildNs is the time to make the empty index (a
+	// table sized up front is allocated and made resident then).
 	LaneCPUNs                  int64   `json:"lane_cpu_ns"`
 	AchievedBlockOpsPerLaneCPU float64 `json:"achieved_block_ops_per_lane_cpu_sec"`
 	IssuerCPUFraction          float64 `json:"issuer_cpu_fraction"`
+	ProcessSysCPUNs            int64   `json:"process_sys_cpu_ns"`
+	PageFaults                 int64   `json:"page_faults"`
+	IndexBuildNs               int64   `json:"index_build_ns"`
 	Index                      string  `json:"index"` // single, pool or compressed
 	Lanes                      int     `json:"lanes"`
 	ElapsedNs                  int64   `json:"elapsed_ns"` // first deadline to the last completion, drain included

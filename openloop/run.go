@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvradix/kvradix/internal/rss"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/shardpool"
@@ -34,7 +35,12 @@ type Protocol struct {
 // block size and runs the corpus against it.
 func RunFresh(c *Corpus, im shardpool.Impl, p Protocol, stop <-chan struct{}) *Result {
 	runtime.GC()
-	return Run(c, im.New(int(c.BlockSize)), im, p, stop)
+	start := time.Now()
+	idx := im.New(int(c.BlockSize))
+	built := time.Since(start)
+	r := Run(c, idx, im, p, stop)
+	r.IndexBuildNs = built.Nanoseconds()
+	return r
 }
 
 // Run issues the corpus against idx (an indexer of im) by the protocol,
@@ -65,7 +71,7 @@ func Run(c *Corpus, idx shardpool.Indexer, im shardpool.Impl, p Protocol, stop <
 	}
 	s.feeders = make([]*feeder, len(parts))
 	var lanes, feeders, issuers sync.WaitGroup
-	cpu0 := processCPU()
+	use0 := rss.Process()
 	s.start = time.Now()
 	for l := range s.lanes {
 		lanes.Go(func() { s.serve(l) })
@@ -91,16 +97,16 @@ func Run(c *Corpus, idx shardpool.Indexer, im shardpool.Impl, p Protocol, stop <
 	lanes.Wait()
 	_, _ = idx.Flush()
 	st.end = s.since()
-	st.cpu = processCPU() - cpu0
+	st.use = rss.Process().Minus(use0)
 	return s.result(im, before, st)
 }
 
 // stopState is what a run measured when its issuers stopped and when it
 // ended.
 type stopState struct {
-	stopped, end  int64 // ns from start
-	events, depth int   // events queued when the issuers stopped; events and queries
-	cpu           int64 // ns of the process's CPU over the run
+	stopped, end  int64     // ns from start
+	events, depth int       // events queued when the issuers stopped; events and queries
+	use           rss.Usage // the process's over the run
 }
 
 // runState is one run's measurements; each issuer and lane writes only its
@@ -368,7 +374,8 @@ func (s *runState) result(im shardpool.Impl, before runtime.MemStats, st stopSta
 	if st.end > 0 {
 		r.IssuerCPUFraction = float64(r.IssuerCPUNs) / (float64(st.end) * float64(runtime.GOMAXPROCS(0)))
 	}
-	if lane := st.cpu - r.IssuerCPUNs; lane > 0 {
+	r.ProcessSysCPUNs, r.PageFaults = st.use.SysNs, st.use.Faults
+	if lane := st.use.CPUNs - r.IssuerCPUNs; lane > 0 {
 		r.LaneCPUNs = lane
 		r.AchievedBlockOpsPerLaneCPU = float64(r.TotalBlockOps) / (float64(lane) / 1e9)
 	}

@@ -1,6 +1,7 @@
 package openloop
 
 import (
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -136,6 +137,9 @@ func TestValidity(t *testing.T) {
 	}
 	if ok.UpdateAcceptedToFinished.P50 <= 0 || ok.QueryService.P50 <= 0 || ok.QueryService.Max < ok.QueryService.P999 || ok.ElapsedNs < int64(2*time.Second) {
 		t.Fatalf("latencies: %+v", ok)
+	}
+	if ok.IndexBuildNs <= 0 || runtime.GOOS == "linux" && (ok.LaneCPUNs <= 0 || ok.ProcessSysCPUNs < 0 || ok.ProcessSysCPUNs > ok.LaneCPUNs+ok.IssuerCPUNs || ok.PageFaults <= 0) {
+		t.Fatalf("usage: build %d ns, lane CPU %d ns, system %d ns, faults %d", ok.IndexBuildNs, ok.LaneCPUNs, ok.ProcessSysCPUNs, ok.PageFaults)
 	}
 	slow := Run(smallCorpus(t, 1, 1, 20*time.Millisecond), slowIndexer{im.New(64), 5 * time.Millisecond}, im, p, stop)
 	if slow.KeptUp || slow.Passes() || slow.ElapsedNs < int64(100*time.Millisecond) || slow.DrainNs < int64(50*time.Millisecond) ||

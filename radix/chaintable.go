@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+
+	"github.com/kvradix/kvradix/internal/pages"
 )
 
 // chainTable maps engine block hashes to the blocks they are the own hash
@@ -72,10 +74,11 @@ type chainDir struct {
 // ones: the table's load swings between 0.5 and 7/8 (halving segments
 // would swing from 0.44 and leave the trace's 5.7M blocks at 0.67 where
 // this leaves them at 0.77), for two copies of each entry, in cache,
-// before it splits. The slots are an allocation of their own, of 28 or 32 KiB (size
-// classes of Go's allocator: with the header they would take a span a page
-// larger), and the header fills a cache line (its count is written by
-// every insert).
+// before it splits. The slots are an allocation of their own, of 28 or
+// 32 KiB (size classes of Go's allocator: with the header they would take
+// a span a page larger), or a share of a reserved table's (see reserve),
+// and the header fills a cache line (its count is written by every
+// insert).
 type chainSeg struct {
 	slots  []uint64
 	count  atomic.Int64 // slots used (entries and tombstones) | entries<<32
@@ -162,13 +165,23 @@ const maxReserveDepth = 14
 
 // reserve sizes an empty table for n entries up front: a directory of
 // full-size segments, enough that n entries (at reserveLoad) split none,
-// so that filling it moves no entry and faults in no page a split would.
-// Past maxReserveDepth it reserves that much and grows as usual.
+// so that filling it moves no entry. Their slots are one allocation made
+// resident here (in huge pages where the system allows), and their
+// headers another: so the inserts that fill it fault in no page either
+// (random homes touch every page of a segment after a few entries, so
+// this adds little to what the table would soon hold anyway), and their
+// misses find the slots' pages in few TLB entries. The allocations live
+// as long as one reserved segment does. Past maxReserveDepth it reserves
+// that much and grows as usual.
 func (c *chainTable) reserve(n int) {
 	depth := reserveDepth(n)
+	slab := make([]uint64, segSlots<<depth)
+	pages.Fault(slab)
+	heads := make([]chainSeg, 1<<depth)
 	segs := make([]*chainSeg, 1<<depth)
 	for i := range segs {
-		segs[i] = newSeg(depth, segSlots)
+		heads[i] = chainSeg{slots: slab[i*segSlots : (i+1)*segSlots : (i+1)*segSlots], depth: depth}
+		segs[i] = &heads[i]
 	}
 	c.dir.Store(&chainDir{depth: depth, segs: segs})
 }

@@ -367,10 +367,12 @@ func NewCompressedTree() *CompressedTree {
 // NewCompressedTreeSized returns an empty tree whose table of engine hashes
 // is sized for blocks distinct blocks (the engines' num_gpu_blocks summed,
 // say): filling it that far splits no segment of the table, so a growing
-// index moves no entry and faults in no page on the way (the table's
-// memory, 8 bytes a slot at a load of 0.7, is taken at once: 512 MiB at
-// most, past which it grows as an unsized one). Entries released return
-// memory as they do unsized: segments left near empty merge.
+// index moves no entry and faults in no page on the way. The table's
+// memory, 8 bytes a slot at a load of 0.7, is taken and made resident
+// here (in huge pages where the system allows): 512 MiB at most, past
+// which it grows as an unsized one. Entries released merge segments left
+// near empty as they do unsized; the reserved memory itself is returned
+// when the last reserved segment is gone.
 func NewCompressedTreeSized(blocks int) *CompressedTree {
 	t := NewCompressedTree()
 	t.chain.reserve(blocks)
