@@ -166,13 +166,11 @@ const maxReserveDepth = 14
 // reserve sizes an empty table for n entries up front: a directory of
 // full-size segments, enough that n entries (at reserveLoad) split none,
 // so that filling it moves no entry. Their slots are one allocation made
-// resident here (in huge pages where the system allows), and their
-// headers another: so the inserts that fill it fault in no page either
-// (random homes touch every page of a segment after a few entries, so
-// this adds little to what the table would soon hold anyway), and their
-// misses find the slots' pages in few TLB entries. The allocations live
-// as long as one reserved segment does. Past maxReserveDepth it reserves
-// that much and grows as usual.
+// resident here, and their headers another: so the inserts that fill it
+// fault in no page either (random homes touch every page of a segment
+// after a few entries, so this adds little to what the table would soon
+// hold anyway). The allocations live as long as one reserved segment
+// does. Past maxReserveDepth it reserves that much and grows as usual.
 func (c *chainTable) reserve(n int) {
 	depth := reserveDepth(n)
 	slab := make([]uint64, segSlots<<depth)

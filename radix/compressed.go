@@ -369,7 +369,7 @@ func NewCompressedTree() *CompressedTree {
 // say): filling it that far splits no segment of the table, so a growing
 // index moves no entry and faults in no page on the way. The table's
 // memory, 8 bytes a slot at a load of 0.7, is taken and made resident
-// here (in huge pages where the system allows): 512 MiB at most, past
+// here (so the stores that fill it take no page fault): 512 MiB at most, past
 // which it grows as an unsized one. Entries released merge segments left
 // near empty as they do unsized; the reserved memory itself is returned
 // when the last reserved segment is gone.

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tinylib/msgp/msgp"
+
 	"github.com/kvradix/kvradix/ingest/vllm"
 	"github.com/kvradix/kvradix/internal/testwait"
 	"github.com/kvradix/kvradix/serve"
@@ -230,6 +232,86 @@ func TestEnginesOfToday(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Mooncake's RFC #1527 events, as its master publishes them (an array
+// envelope with a timestamp in ms, map events typed by event_type, the
+// RFC's names beside vLLM's, media in lower case, block_size nil), through
+// the service from a real publisher: a store with tokens is indexed; one
+// of another tenant is refused as foreign, one without tokens as
+// undecodable, each counted; the registration's type is kept and shown,
+// and an unknown type refused.
+func TestRFC1527Engine(t *testing.T) {
+	svc := serve.New(serve.Config{})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	reg := serve.Registration{InstanceID: 9, Endpoint: pub.Addr(), ModelName: "m-rfc", BlockSize: bs, Type: "mooncake"}
+	if code := post(t, ts.URL+"/register", reg, nil); code != http.StatusCreated && code != http.StatusOK {
+		t.Fatalf("register: %d", code)
+	}
+	bad := reg
+	bad.InstanceID, bad.Type = 10, "trtllm"
+	var refusal map[string]any
+	if code := post(t, ts.URL+"/register", bad, &refusal); code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(refusal), "type") {
+		t.Fatalf("an unknown type: %d %v", code, refusal)
+	}
+	prompt, other := tokens(2*bs, 700), tokens(bs, 900)
+	stored := func(hashes []any, toks []uint32, tenant string) map[string]any {
+		ev := map[string]any{"event_id": uint64(1), "timestamp": uint64(1770000000000), "event_type": "stored", "type": "BlockStored",
+			"model_name": "m-rfc", "block_size": nil, "additional_salt": nil, "lora_name": nil, "tenant_id": tenant, "backend_id": "mc-1",
+			"medium": "gpu", "dp_rank": uint64(0), "seq_hashes": hashes, "block_hashes": hashes, "base_block_idx": nil, "parent_hash": nil,
+			"parent_block_hash": nil, "token_ids": nil}
+		if toks != nil {
+			ids := make([]any, len(toks))
+			for i, x := range toks {
+				ids[i] = uint64(x)
+			}
+			ev["token_ids"] = ids
+		}
+		return ev
+	}
+	batch := func(events ...map[string]any) []byte {
+		evs := make([]any, len(events))
+		for i, ev := range events {
+			evs[i] = ev
+		}
+		b, err := msgp.AppendIntf(nil, []any{uint64(1770000000000), evs, uint64(0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	testwait.For(t, "the RFC #1527 store indexed", func() bool {
+		if _, err := pub.PublishPayload(batch(stored([]any{uint64(31), uint64(32)}, prompt, "default"))); err != nil {
+			t.Fatal(err)
+		}
+		var got serve.Scores
+		post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: "m-rfc"}, &got)
+		return got.Scores["9"]["0"] == 2*bs
+	})
+	if _, err := pub.PublishPayload(batch(stored([]any{uint64(41)}, other, "tenant-b"), stored([]any{uint64(42)}, nil, "default"))); err != nil {
+		t.Fatal(err)
+	}
+	for _, reason := range []string{"foreign", "undecodable"} {
+		sample := fmt.Sprintf(`kvradix_subscriber_events_refused_total{dp_rank="0",instance="9",model="m-rfc:default",reason="%s"}`, reason)
+		testwait.For(t, reason+" counted", func() bool { return metric(t, ts.URL, sample) == 1 })
+	}
+	var got serve.Scores
+	post(t, ts.URL+"/query", serve.Query{TokenIDs: other, ModelName: "m-rfc"}, &got)
+	if len(got.Scores) != 0 {
+		t.Fatalf("another tenant's block matched: %v", got.Scores)
+	}
+	var workers []serve.Worker
+	get(t, ts.URL+"/workers", &workers)
+	if len(workers) != 1 || workers[0].Type != "mooncake" {
+		t.Fatalf("workers %+v, want one of type mooncake", workers)
 	}
 }
 

@@ -12,7 +12,7 @@
 // (instance, data-parallel rank) has a vllm.Subscriber of its own, with its
 // gap repair and its guards against hostile peers.
 //
-//	POST /register        {instance_id, endpoint, model_name, block_size, tenant_id?, dp_rank?, replay_endpoint?}
+//	POST /register        {instance_id, endpoint, model_name, block_size, tenant_id?, dp_rank?, replay_endpoint?, total_kv_blocks?, type?}
 //	POST /unregister      {instance_id, model_name, tenant_id?, dp_rank?}
 //	GET  /workers         [{instance_id, endpoints: {"<rank>": endpoint}}]
 //	POST /query           {token_ids, model_name, tenant_id?, lora_name?, cache_salt?}
@@ -50,6 +50,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -284,7 +285,16 @@ type Registration struct {
 	// with it and no endpoint, the engine publishes no events and is
 	// routed on that model alone.
 	TotalKVBlocks int `json:"total_kv_blocks,omitempty"`
+	// Type is the engine's kind, where the caller says: one of
+	// EngineTypes. The subscriber needs none to decode: vLLM's, SGLang's
+	// and RFC #1527's (Mooncake's) shapes each tell themselves apart by
+	// their own keys and types (ingest/vllm). It is checked, kept and
+	// shown in /workers.
+	Type string `json:"type,omitempty"`
 }
+
+// EngineTypes are the registration types the service knows.
+var EngineTypes = []string{"vllm", "sglang", "mooncake"}
 
 // MaxKVBlocks bounds Registration.TotalKVBlocks: past any engine's pool
 // (an H200's 141 GB hold a few million blocks), and what the model of
@@ -339,6 +349,8 @@ func (r *Registration) check() error {
 		return invalid("endpoint: %q, want tcp://host:port or ipc://path", r.Endpoint)
 	case r.ReplayEndpoint != "" && !validEndpoint(r.ReplayEndpoint):
 		return invalid("replay_endpoint: %q, want tcp://host:port or ipc://path", r.ReplayEndpoint)
+	case r.Type != "" && !slices.Contains(EngineTypes, r.Type):
+		return invalid("type: %q, want one of %s (or absent)", r.Type, strings.Join(EngineTypes, ", "))
 	}
 	return nil
 }
@@ -433,7 +445,8 @@ func (s *Service) dialUntilUp(ctx context.Context, key instanceKey, idx *index, 
 	defer s.dialing.Done()
 	cfg := s.cfg.Subscriber
 	cfg.BlockSize = d.reg.BlockSize
-	ep := vllm.Endpoint{Worker: key.instance, Address: d.reg.Endpoint, Replay: d.reg.ReplayEndpoint, ResumeAt: d.resumeAt, DPRank: kvevent.DPRank(d.reg.DPRank)}
+	ep := vllm.Endpoint{Worker: key.instance, Address: d.reg.Endpoint, Replay: d.reg.ReplayEndpoint, ResumeAt: d.resumeAt, DPRank: kvevent.DPRank(d.reg.DPRank),
+		Model: d.reg.ModelName, Tenant: d.reg.TenantID}
 	for wait := redialMin; ; wait = min(2*wait, redialMax) {
 		sub, err := vllm.NewSubscriberContext(ctx, idx.sink, cfg, ep)
 		if err == nil || ctx.Err() != nil {
@@ -698,7 +711,9 @@ type Worker struct {
 	TotalKVBlocks int `json:"total_kv_blocks,omitempty"`
 	// Predicted is why the engine is routed on that model, if it is:
 	// "event_free" or "stale" (its ranks' first reason).
-	Predicted    string              `json:"predicted,omitempty"`
+	Predicted string `json:"predicted,omitempty"`
+	// Type is the registration's type, if it gave one.
+	Type         string              `json:"type,omitempty"`
 	ModelName    string              `json:"model_name"`
 	RoutingGroup string              `json:"routing_group"`
 	BlockSize    int                 `json:"block_size"`
@@ -747,6 +762,9 @@ func (s *Service) Workers(model, group string) []Worker {
 			byKey[k] = w
 		}
 		w.TotalKVBlocks = max(w.TotalKVBlocks, reg.TotalKVBlocks)
+		if w.Type == "" {
+			w.Type = reg.Type
+		}
 		if idx := s.indexes[ik.modelKey]; idx != nil && w.Predicted == "" {
 			w.Predicted = idx.pred.state.Load().routed[ik.worker()]
 		}

@@ -39,6 +39,14 @@ type ConvertStats struct {
 	// Remote counts events of locality REMOTE (another engine's blocks,
 	// vLLM 2026): dropped, as Dynamo does, failing closed.
 	Remote uint64
+	// Foreign counts RFC #1527 events naming another model or tenant than
+	// the converter's engine (Converter.Model, Tenant): dropped.
+	Foreign uint64
+	// Multimodal counts stores cut at their first block with a multimodal
+	// input or prompt embeddings (Event.MultimodalAt): the text blocks
+	// before it are indexed, it and its descendants not (not counted in
+	// Rejected, even where no block was before it).
+	Multimodal uint64
 	// CopiesKept counts removed hashes not passed on because the engine
 	// still holds another copy (see Converter); CopyCounts are the
 	// (rank, tier, hash)s counted now.
@@ -58,13 +66,15 @@ func (s *ConvertStats) add(o ConvertStats) {
 	s.BadRank += o.BadRank
 	s.Undecodable += o.Undecodable
 	s.Remote += o.Remote
+	s.Foreign += o.Foreign
+	s.Multimodal += o.Multimodal
 	s.CopiesKept += o.CopiesKept
 	s.CopyCounts += o.CopyCounts
 }
 
 // Rejected returns the events refused.
 func (s ConvertStats) Rejected() uint64 {
-	return s.BadBlockSize + s.BadTokenCount + s.OtherGroup + s.UnknownType + s.Undecodable + s.Remote
+	return s.BadBlockSize + s.BadTokenCount + s.OtherGroup + s.UnknownType + s.Undecodable + s.Remote + s.Foreign
 }
 
 // Converter turns decoded batches of one worker into kvradix router events.
@@ -87,12 +97,17 @@ type Converter struct {
 	Worker    kvevent.WorkerID
 	BlockSize int
 	Rank      kvevent.DPRank // the rank of batches that name none
-	next      uint64
-	copies    map[copyPlace]map[uint64]uint32 // a hash's copies, by rank and tier
-	counted   int                             // the hashes counted, every place
-	c         struct {
-		stored, removed, cleared, size, tokens, group, unknown, rank, undecodable, remote, kept atomic.Uint64
-		counted                                                                                 atomic.Int64
+	// Model and Tenant are the engine's model and tenant, where known: an
+	// event that names another (RFC #1527's model_name, tenant_id; a
+	// tenant "default" is the unnamed tenant's) is counted as Foreign and
+	// dropped. "" accepts any.
+	Model, Tenant string
+	next          uint64
+	copies        map[copyPlace]map[uint64]uint32 // a hash's copies, by rank and tier
+	counted       int                             // the hashes counted, every place
+	c             struct {
+		stored, removed, cleared, size, tokens, group, unknown, rank, undecodable, remote, foreign, multimodal, kept atomic.Uint64
+		counted                                                                                                      atomic.Int64
 	}
 }
 
@@ -114,7 +129,7 @@ func (c *Converter) Stats() ConvertStats {
 		Stored: c.c.stored.Load(), Removed: c.c.removed.Load(), Cleared: c.c.cleared.Load(),
 		BadBlockSize: c.c.size.Load(), BadTokenCount: c.c.tokens.Load(), OtherGroup: c.c.group.Load(),
 		UnknownType: c.c.unknown.Load(), BadRank: c.c.rank.Load(), Undecodable: c.c.undecodable.Load(), Remote: c.c.remote.Load(),
-		CopiesKept: c.c.kept.Load(), CopyCounts: int(c.c.counted.Load()),
+		Foreign: c.c.foreign.Load(), Multimodal: c.c.multimodal.Load(), CopiesKept: c.c.kept.Load(), CopyCounts: int(c.c.counted.Load()),
 	}
 }
 
@@ -214,6 +229,10 @@ func (c *Converter) Convert(dst []kvevent.RouterEvent, b *Batch) []kvevent.Route
 			c.c.remote.Add(1)
 			continue
 		}
+		if c.foreign(ev) {
+			c.c.foreign.Add(1)
+			continue
+		}
 		out := kvevent.RouterEvent{WorkerID: c.Worker, Tier: MediumTier(ev.Medium), Event: kvevent.Event{DPRank: rank}}
 		switch ev.Type {
 		case BlockStored:
@@ -221,7 +240,7 @@ func (c *Converter) Convert(dst []kvevent.RouterEvent, b *Batch) []kvevent.Route
 				c.c.group.Add(1)
 				continue
 			}
-			if ev.BlockSize != c.BlockSize {
+			if ev.BlockSize != c.BlockSize && ev.BlockSize != 0 { // 0: not stated (RFC #1527's nil)
 				c.c.size.Add(1)
 				continue
 			}
@@ -229,17 +248,26 @@ func (c *Converter) Convert(dst []kvevent.RouterEvent, b *Batch) []kvevent.Route
 				c.c.tokens.Add(1)
 				continue
 			}
-			local := hashing.LocalHashes(make([]uint64, 0, len(ev.BlockHashes)), ev.TokenIDs, c.BlockSize, hashing.Options{LoRAName: ev.LoRAName, Salt: ev.CacheSalt})
+			hashes, tokens := ev.BlockHashes, ev.TokenIDs
+			if ev.MultimodalAt > 0 {
+				c.c.multimodal.Add(1)
+				keep := min(ev.MultimodalAt-1, len(hashes))
+				if keep == 0 {
+					continue
+				}
+				hashes, tokens = hashes[:keep], tokens[:keep*c.BlockSize]
+			}
+			local := hashing.LocalHashes(make([]uint64, 0, len(hashes)), tokens, c.BlockSize, hashing.Options{LoRAName: ev.LoRAName, Salt: ev.CacheSalt})
 			st := kvevent.Stored{Blocks: make([]kvevent.StoredBlock, len(local))}
 			for j, h := range local {
-				st.Blocks[j] = kvevent.StoredBlock{BlockHash: ev.BlockHashes[j], TokensHash: h}
+				st.Blocks[j] = kvevent.StoredBlock{BlockHash: hashes[j], TokensHash: h}
 			}
 			if ev.ParentBlockHash != nil {
 				st.HasParent, st.ParentHash = true, *ev.ParentBlockHash
 			}
 			out.Event.Data = st
 			c.c.stored.Add(1)
-			c.stored(rank, out.Tier, ev.BlockHashes)
+			c.stored(rank, out.Tier, hashes)
 		case BlockRemoved:
 			if ev.GroupIdx != 0 {
 				c.c.group.Add(1)
@@ -268,6 +296,17 @@ func (c *Converter) Convert(dst []kvevent.RouterEvent, b *Batch) []kvevent.Route
 
 // String summarises the stats on one line.
 func (s ConvertStats) String() string {
-	return fmt.Sprintf("stored %d removed %d cleared %d; copies kept %d, counted %d; refused: block size %d, token count %d, other group %d, unknown type %d, bad rank %d, undecodable %d, remote %d",
-		s.Stored, s.Removed, s.Cleared, s.CopiesKept, s.CopyCounts, s.BadBlockSize, s.BadTokenCount, s.OtherGroup, s.UnknownType, s.BadRank, s.Undecodable, s.Remote)
+	return fmt.Sprintf("stored %d removed %d cleared %d; copies kept %d, counted %d; refused: block size %d, token count %d, other group %d, unknown type %d, bad rank %d, undecodable %d, remote %d, foreign %d; multimodal cut %d",
+		s.Stored, s.Removed, s.Cleared, s.CopiesKept, s.CopyCounts, s.BadBlockSize, s.BadTokenCount, s.OtherGroup, s.UnknownType, s.BadRank, s.Undecodable, s.Remote, s.Foreign, s.Multimodal)
+}
+
+// foreign reports whether ev names another model or tenant than c's
+// engine.
+func (c *Converter) foreign(ev *Event) bool {
+	tenant := ev.TenantID
+	if tenant == "default" {
+		tenant = ""
+	}
+	return ev.ModelName != "" && c.Model != "" && ev.ModelName != c.Model ||
+		ev.TenantID != "" && tenant != c.Tenant && ev.TenantID != c.Tenant
 }

@@ -25,7 +25,16 @@
 //     offload connectors), lora_name, extra_keys, group_idx and the KV cache
 //     spec; SGLang puts a metadata map (its cache_salt) where vLLM has
 //     lora_name. BlockRemoved carries block_hashes, medium and group_idx;
-//     AllBlocksCleared nothing.
+//     AllBlocksCleared nothing;
+//   - RFC #1527's events (Mooncake's master, TokenSpeed) are maps in the
+//     array envelope (its timestamp in integer milliseconds), typed by
+//     "event_type" (stored, removed, cleared) and naming three fields
+//     otherwise: seq_hashes (block_hashes), parent_hash
+//     (parent_block_hash) and additional_salt (cache_salt); media come in
+//     lower case, block_size and token_ids may be nil, and model_name and
+//     tenant_id say whose blocks they are. Mooncake adds vLLM's names
+//     beside them by default ("type", "block_hashes", ...): both are read,
+//     and must agree.
 //
 // One publisher runs per data-parallel rank, its ports offset by the rank.
 // Its replay socket (a ROUTER) answers an 8-byte big-endian start sequence
@@ -40,6 +49,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 
 	"github.com/tinylib/msgp/msgp"
 
@@ -84,6 +95,20 @@ type Event struct {
 	// #48933, map events only): for each of BlockHashes, the copies the
 	// engine still holds after this removal; nil when absent.
 	RemainingCopies []uint32
+	// MultimodalAt is 1 + the index of the first block whose extra_keys
+	// name a multimodal input (a 64-hex-digit identifier, alone or with
+	// its offset: Dynamo's rule) or prompt embeddings (bytes); 0 when none.
+	// kvradix does not hash such inputs into a block, so that block and
+	// its descendants are not indexed (the converter cuts the store
+	// there): a multimodal block would otherwise match its text alone.
+	// Other extra keys (LoRA name, salt, carried in their own fields) are
+	// ignored.
+	MultimodalAt int
+	// ModelName and TenantID are an RFC #1527 event's model_name and
+	// tenant_id ("" when absent or nil): one publisher (Mooncake's master)
+	// may speak for several, and an event for another model or tenant
+	// than its engine's is not its engine's to index.
+	ModelName, TenantID string
 	// Err, if set, is why this event did not decode: the batch's other
 	// events stand (DecodeBatch also returns the first such error).
 	Err error
@@ -345,19 +370,10 @@ func decodeEvent(ev *Event, b []byte, i int) ([]byte, error) {
 			}
 			k := fieldName(key)
 			switch k {
-			case "type":
-				var tag []byte
-				tag, rest, err = readStr(rest)
-				if err == nil && len(tag) == 0 {
-					err = errors.New("empty tag")
-				}
-				if err != nil {
-					return nil, evErr(i, "type", err)
-				}
-				ev.Type = internType(tag)
-			case "block_hashes":
-				seen |= 1
-				rest, err = ev.field(k, rest, i)
+			case "type", "event_type":
+				rest, err = ev.tag(k, rest, i)
+			case "block_hashes", "parent_block_hash", "cache_salt":
+				rest, err = ev.once(k, string(key), &seen, rest, i)
 			case "token_ids":
 				seen |= 2
 				rest, err = ev.field(k, rest, i)
@@ -373,7 +389,7 @@ func decodeEvent(ev *Event, b []byte, i int) ([]byte, error) {
 		}
 		switch {
 		case ev.Type == "":
-			return nil, evErr(i, "type", errors.New("missing"))
+			return nil, evErr(i, "type", errors.New("missing (neither type nor event_type)"))
 		case ev.Type == BlockStored && seen&1 == 0, ev.Type == BlockRemoved && seen&1 == 0:
 			return nil, evErr(i, "block_hashes", errors.New("missing"))
 		case ev.Type == BlockStored && seen&2 == 0:
@@ -386,16 +402,86 @@ func decodeEvent(ev *Event, b []byte, i int) ([]byte, error) {
 	return nil, evErr(i, "event", fmt.Errorf("want an array or a map, got %v", msgp.NextType(b)))
 }
 
-var fieldNames = []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "cache_salt", "locality", "remaining_copy_counts"}
+var fieldNames = []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "cache_salt", "locality", "remaining_copy_counts",
+	"event_type", "model_name", "tenant_id"}
 
-// fieldName returns the known field name equal to key, or "" (skipped).
+// rfcNames are RFC #1527's names (Mooncake's master, TokenSpeed) of the
+// fields vLLM names otherwise. Mooncake sends both names by default, with
+// the same values.
+var rfcNames = map[string]string{"seq_hashes": "block_hashes", "parent_hash": "parent_block_hash", "additional_salt": "cache_salt"}
+
+// fieldName returns the known field name equal to key (vLLM's for an RFC
+// #1527 name), or "" (skipped).
 func fieldName(key []byte) string {
 	for _, n := range fieldNames {
 		if string(key) == n {
 			return n
 		}
 	}
-	return ""
+	return rfcNames[string(key)]
+}
+
+// rfcTypes are RFC #1527's event types.
+var rfcTypes = map[string]string{"stored": BlockStored, "removed": BlockRemoved, "cleared": AllBlocksCleared}
+
+// tag reads a map event's type: vLLM's "type" (a tag) or RFC #1527's
+// "event_type" (stored, removed, cleared; an unknown one is kept as it is,
+// and counted as an unknown type). Given both, they must agree.
+func (ev *Event) tag(key string, b []byte, i int) ([]byte, error) {
+	tag, b, err := readStr(b)
+	if err == nil && len(tag) == 0 {
+		err = errors.New("empty tag")
+	}
+	if err != nil {
+		return nil, evErr(i, key, err)
+	}
+	t := internType(tag)
+	if key == "event_type" {
+		if known, ok := rfcTypes[string(tag)]; ok {
+			t = known
+		}
+	}
+	if ev.Type != "" && ev.Type != t {
+		return nil, evErr(i, key, fmt.Errorf("%q disagrees with the event's other type %q", t, ev.Type))
+	}
+	ev.Type = t
+	return b, nil
+}
+
+// once reads a field that may come under two names (vLLM's and RFC
+// #1527's): the second, if any, must say what the first said.
+func (ev *Event) once(name, key string, seen *uint16, b []byte, i int) ([]byte, error) {
+	var bit uint16
+	switch name {
+	case "block_hashes":
+		bit = 1
+	case "parent_block_hash":
+		bit = 8
+	default: // cache_salt
+		bit = 16
+	}
+	if *seen&bit == 0 {
+		*seen |= bit
+		return ev.field(name, b, i)
+	}
+	var again Event
+	b, err := again.field(name, b, i)
+	if err != nil {
+		return nil, err
+	}
+	var same bool
+	switch name {
+	case "block_hashes":
+		same = slices.Equal(ev.BlockHashes, again.BlockHashes)
+	case "parent_block_hash":
+		same = (ev.ParentBlockHash == nil) == (again.ParentBlockHash == nil) && (ev.ParentBlockHash == nil || *ev.ParentBlockHash == *again.ParentBlockHash)
+	default:
+		same = ev.CacheSalt == again.CacheSalt
+	}
+	if !same {
+		return nil, evErr(i, key, fmt.Errorf("disagrees with the event's %s", name))
+	}
+	return b, nil
 }
 
 // field decodes one named field's value into ev; unknown names are skipped.
@@ -416,9 +502,15 @@ func (ev *Event) field(name string, b []byte, i int) ([]byte, error) {
 		}
 		ev.ParentBlockHash = &h
 	case "token_ids":
+		if msgp.IsNil(b) {
+			return nil, evErr(i, name, errors.New("nil: the index keeps a block by its tokens, so a store without them (as Mooncake's master sends) cannot be placed"))
+		}
 		ev.TokenIDs, b, err = readTokens(b, i)
 		return b, err
 	case "block_size":
+		if msgp.IsNil(b) { // RFC #1527: unknown, the engine's registered size is taken
+			return msgp.ReadNilBytes(b)
+		}
 		var v int64
 		v, b, err = msgp.ReadInt64Bytes(b)
 		if err == nil && (v < 0 || v > math.MaxInt32) {
@@ -445,6 +537,12 @@ func (ev *Event) field(name string, b []byte, i int) ([]byte, error) {
 		ev.CacheSalt, b, err = readOptStr(b, nil)
 	case "locality":
 		ev.Locality, b, err = readOptStr(b, internMedium)
+	case "extra_keys":
+		b, err = ev.extraKeys(b)
+	case "model_name":
+		ev.ModelName, b, err = readOptStr(b, nil)
+	case "tenant_id":
+		ev.TenantID, b, err = readOptStr(b, nil)
 	case "remaining_copy_counts":
 		if msgp.IsNil(b) {
 			return msgp.ReadNilBytes(b)
@@ -461,6 +559,89 @@ func (ev *Event) field(name string, b []byte, i int) ([]byte, error) {
 		return nil, evErr(i, name, err)
 	}
 	return b, nil
+}
+
+// extraKeys reads vLLM's extra_keys, a list aligned with the blocks of
+// nil or a list of keys, into MultimodalAt.
+func (ev *Event) extraKeys(b []byte) ([]byte, error) {
+	if msgp.IsNil(b) {
+		return msgp.ReadNilBytes(b)
+	}
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return nil, err
+	}
+	for j := range n {
+		if msgp.IsNil(b) {
+			if b, err = msgp.ReadNilBytes(b); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		var keys uint32
+		if keys, b, err = msgp.ReadArrayHeaderBytes(b); err != nil {
+			return nil, fmt.Errorf("block %d: %w", j, err)
+		}
+		for range keys {
+			var opaque bool
+			if opaque, b, err = opaqueKey(b); err != nil {
+				return nil, fmt.Errorf("block %d: %w", j, err)
+			}
+			if opaque && ev.MultimodalAt == 0 {
+				ev.MultimodalAt = int(j) + 1
+			}
+		}
+	}
+	return b, nil
+}
+
+// opaqueKey reads one extra key and reports whether it names an input
+// kvradix does not hash: a multimodal identifier (64 hex digits, or a
+// [identifier, offset] pair) or prompt embeddings (bytes).
+func opaqueKey(b []byte) (bool, []byte, error) {
+	switch msgp.NextType(b) {
+	case msgp.StrType:
+		s, rest, err := msgp.ReadStringZC(b)
+		return err == nil && isMMHash(s), rest, err
+	case msgp.BinType:
+		rest, err := msgp.Skip(b)
+		return true, rest, err
+	case msgp.ArrayType:
+		n, rest, err := msgp.ReadArrayHeaderBytes(b)
+		if err != nil || n == 0 {
+			return false, rest, err
+		}
+		mm := msgp.NextType(rest) == msgp.StrType
+		if mm {
+			var s []byte
+			if s, rest, err = msgp.ReadStringZC(rest); err != nil {
+				return false, nil, err
+			}
+			mm, n = isMMHash(s), n-1
+		}
+		for range n {
+			if rest, err = msgp.Skip(rest); err != nil {
+				return false, nil, err
+			}
+		}
+		return mm, rest, nil
+	}
+	rest, err := msgp.Skip(b)
+	return false, rest, err
+}
+
+// isMMHash reports whether s is a multimodal identifier as vLLM writes
+// one: 64 hex digits.
+func isMMHash(s []byte) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
 }
 
 // metadata reads SGLang's metadata map ({"cache_salt": str}, other keys
@@ -521,9 +702,17 @@ func internType(s []byte) string {
 
 var knownStrings = []string{"LOCAL", "GPU", "CPU", "DEVICE", "CPU_PINNED", "CPU_TIER1", "CPU_TIER2", "DISK", "NVME", "STORAGE", "EXTERNAL", "NETWORK", "REMOTE", "SHARED", "full_attention", "sliding_window", "mla_attention"}
 
+// internMedium returns s, or the known string equal to it but for case:
+// vLLM and SGLang send media in capitals, RFC #1527 (Mooncake, TokenSpeed)
+// in lower case ("cpu", "disk").
 func internMedium(s []byte) string {
 	for _, t := range knownStrings {
 		if string(s) == t {
+			return t
+		}
+	}
+	for _, t := range knownStrings {
+		if strings.EqualFold(string(s), t) {
 			return t
 		}
 	}

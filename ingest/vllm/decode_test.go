@@ -11,6 +11,7 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/kvevent"
 )
 
@@ -87,21 +88,34 @@ func TestHandmadeVectors(t *testing.T) {
 }
 
 // The vectors of the newer shapes decode to these batches (an event's Err
-// is compared by its field), and the encoder writes the good ones back
-// byte for byte.
+// is compared by its field), and the encoder writes the good ones of the
+// shapes it writes back byte for byte (not RFC #1527's: kvradix only reads
+// them).
 func TestNewerShapes(t *testing.T) {
 	vectors := loadVectorFile(t, "testdata/newer-shapes.json")
 	cleared := Event{Type: AllBlocksCleared}
+	const rfcTS = 1770000000000 // RFC #1527's timestamp, in ms
+	const notWritten Encoding = 255
 	want := map[string]struct {
 		events []Event
 		enc    Encoding
+		ts     float64
+		bad    int    // the event that did not decode, if badAt is set
 		badAt  string // the field an ErrBadEvents error names
 	}{
-		"map_envelope":         {[]Event{cleared}, MapEnvelopeEncoding, ""},
-		"sglang_salted_stored": {[]Event{{Type: BlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", CacheSalt: "s1"}}, ArrayEncoding, ""},
-		"map_remote_removed":   {[]Event{{Type: BlockRemoved, BlockHashes: []uint64{5}, Medium: "GPU", Locality: "REMOTE"}}, MapEncoding, ""},
-		"map_removed_copies":   {[]Event{{Type: BlockRemoved, BlockHashes: []uint64{5, 6}, Medium: "GPU", RemainingCopies: []uint32{1, 0}}}, MapEncoding, ""},
-		"one_bad_event":        {[]Event{cleared, {}, cleared}, ArrayEncoding, "block_hashes[0]"},
+		"map_envelope":         {[]Event{cleared}, MapEnvelopeEncoding, 1.5, 0, ""},
+		"sglang_salted_stored": {[]Event{{Type: BlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", CacheSalt: "s1"}}, ArrayEncoding, 1.5, 0, ""},
+		"map_remote_removed":   {[]Event{{Type: BlockRemoved, BlockHashes: []uint64{5}, Medium: "GPU", Locality: "REMOTE"}}, MapEncoding, 1.5, 0, ""},
+		"map_removed_copies":   {[]Event{{Type: BlockRemoved, BlockHashes: []uint64{5, 6}, Medium: "GPU", RemainingCopies: []uint32{1, 0}}}, MapEncoding, 1.5, 0, ""},
+		"one_bad_event":        {[]Event{cleared, {}, cleared}, ArrayEncoding, 1.5, 1, "block_hashes[0]"},
+		"rfc1527_stored": {[]Event{{Type: BlockStored, BlockHashes: []uint64{5, 6}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: "CPU",
+			ModelName: "m", TenantID: "default"}}, notWritten, rfcTS, 0, ""},
+		"rfc1527_legacy_removed":   {[]Event{{Type: BlockRemoved, BlockHashes: []uint64{7}, Medium: "DISK", TenantID: "default"}}, notWritten, rfcTS, 0, ""},
+		"rfc1527_master_no_tokens": {[]Event{{}, cleared}, notWritten, rfcTS, 0, "token_ids"},
+		"rfc1527_names_disagree":   {[]Event{{}}, notWritten, rfcTS, 0, "block_hashes"},
+		"map_multimodal_stored": {[]Event{
+			{Type: BlockStored, BlockHashes: []uint64{1, 2, 3}, TokenIDs: []uint32{1, 2, 3, 4, 5, 6}, BlockSize: 2, LoRAName: "my-lora", MultimodalAt: 2},
+			{Type: BlockStored, BlockHashes: []uint64{4}, TokenIDs: []uint32{0, 0}, BlockSize: 2, MultimodalAt: 1}}, notWritten, 1.5, 0, ""},
 	}
 	if len(vectors) != len(want) {
 		t.Fatalf("%d vectors, want %d", len(vectors), len(want))
@@ -116,14 +130,14 @@ func TestNewerShapes(t *testing.T) {
 		switch {
 		case w.badAt == "" && err != nil:
 			t.Fatalf("%s: %v", v.Name, err)
-		case w.badAt != "" && (!errors.Is(err, ErrBadEvents) || !errors.As(err, &de) || de.Field != w.badAt):
-			t.Fatalf("%s: error %v, want ErrBadEvents at %s", v.Name, err, w.badAt)
+		case w.badAt != "" && (!errors.Is(err, ErrBadEvents) || !errors.As(err, &de) || de.Field != w.badAt || de.Event != w.bad):
+			t.Fatalf("%s: error %v, want ErrBadEvents at event %d, %s", v.Name, err, w.bad, w.badAt)
 		}
-		if b.TS != 1.5 || b.DPRank == nil || *b.DPRank != 0 || len(b.Events) != len(w.events) {
+		if b.TS != w.ts || b.DPRank == nil || *b.DPRank != 0 || len(b.Events) != len(w.events) {
 			t.Fatalf("%s: envelope %+v", v.Name, b)
 		}
 		for i, ev := range b.Events {
-			if (ev.Err != nil) != (w.badAt != "" && i == 1) {
+			if (ev.Err != nil) != (w.badAt != "" && i == w.bad) {
 				t.Fatalf("%s: event %d error %v", v.Name, i, ev.Err)
 			}
 			ev.Err = nil
@@ -131,7 +145,7 @@ func TestNewerShapes(t *testing.T) {
 				t.Fatalf("%s: event %d\n%+v\nwant\n%+v", v.Name, i, ev, w.events[i])
 			}
 		}
-		if w.badAt == "" {
+		if w.badAt == "" && w.enc != notWritten {
 			if got := hex.EncodeToString(AppendBatch(nil, &b, w.enc)); got != v.BatchHex {
 				t.Fatalf("%s: encoded\n%s\nwant\n%s", v.Name, got, v.BatchHex)
 			}
@@ -162,6 +176,59 @@ func TestConvertNewerShapes(t *testing.T) {
 	}
 }
 
+// A store is cut at its first block with a multimodal input: the text
+// blocks before it are indexed (their copies counted), and a store whose
+// first block has one is dropped; each is counted.
+func TestConvertMultimodal(t *testing.T) {
+	c := NewConverter(1, 2)
+	cut := Event{Type: BlockStored, BlockHashes: []uint64{1, 2, 3}, TokenIDs: []uint32{1, 2, 3, 4, 5, 6}, BlockSize: 2, MultimodalAt: 2}
+	whole := Event{Type: BlockStored, BlockHashes: []uint64{4}, TokenIDs: []uint32{0, 0}, BlockSize: 2, MultimodalAt: 1}
+	out := c.Convert(nil, &Batch{Events: []Event{cut, whole}})
+	if len(out) != 1 {
+		t.Fatalf("%d events out, want 1: %+v", len(out), out)
+	}
+	st := out[0].Event.Data.(kvevent.Stored)
+	want := hashing.LocalHashes(nil, []uint32{1, 2}, 2, hashing.Options{})
+	if len(st.Blocks) != 1 || st.Blocks[0].BlockHash != 1 || st.Blocks[0].TokensHash != want[0] {
+		t.Fatalf("stored %+v, want block 1 alone", st)
+	}
+	if s := c.Stats(); s.Multimodal != 2 || s.CopyCounts != 1 || s.Stored != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// RFC #1527's events convert as vLLM's: a nil block size is the
+// engine's, lower-case media are their tiers. An event naming another
+// model or tenant than the engine's is dropped and counted; "default" is
+// the unnamed tenant, and an engine of unknown model takes any model.
+func TestConvertRFC1527(t *testing.T) {
+	stored := Event{Type: BlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2}, Medium: internMedium([]byte("disk")), ModelName: "m", TenantID: "default"}
+	with := func(model, tenant string) Event {
+		ev := stored
+		ev.ModelName, ev.TenantID = model, tenant
+		return ev
+	}
+	for _, tc := range []struct {
+		model, tenant string // the engine's
+		events        []Event
+		kept          int
+	}{
+		{"m", "default", []Event{stored, with("n", "default"), with("m", "t"), with("", "")}, 2},
+		{"m", "", []Event{stored, with("m", ""), with("m", "t")}, 2},
+		{"", "t", []Event{with("any", "t"), with("m", "default")}, 1},
+	} {
+		c := NewConverter(1, 2)
+		c.Model, c.Tenant = tc.model, tc.tenant
+		out := c.Convert(nil, &Batch{Events: tc.events})
+		if len(out) != tc.kept || out[0].Tier != kvevent.TierDisk {
+			t.Fatalf("engine %q/%q: %d events out, want %d on the disk tier: %+v", tc.model, tc.tenant, len(out), tc.kept, out)
+		}
+		if st := c.Stats(); st.Foreign != uint64(len(tc.events)-tc.kept) || st.Rejected() != st.Foreign {
+			t.Fatalf("engine %q/%q: stats %+v", tc.model, tc.tenant, st)
+		}
+	}
+}
+
 func mustHex(s string) []byte {
 	b, err := hex.DecodeString(strings.ReplaceAll(s, " ", ""))
 	if err != nil {
@@ -184,7 +251,7 @@ func TestDecodeVariants(t *testing.T) {
 			Batch{TS: 5, Events: []Event{{Type: BlockRemoved, BlockHashes: []uint64{0x0102030405060708, 0x0102}}}}},
 		{"map with unknown keys, lora name and wide token ids",
 			"93 cb3ff8000000000000 91 86 a474797065 ab426c6f636b53746f726564 a86c6f63616c697479 a3677075 ac626c6f636b5f686173686573 91 07 a9746f6b656e5f696473 92 ce00010000 cd0100 aa626c6f636b5f73697a65 02 a96c6f72615f6e616d65 a3616263 01",
-			Batch{TS: 1.5, DPRank: ptr(1), Events: []Event{{Type: BlockStored, BlockHashes: []uint64{7}, TokenIDs: []uint32{65536, 256}, BlockSize: 2, LoRAName: "abc", Locality: "gpu"}}}},
+			Batch{TS: 1.5, DPRank: ptr(1), Events: []Event{{Type: BlockStored, BlockHashes: []uint64{7}, TokenIDs: []uint32{65536, 256}, BlockSize: 2, LoRAName: "abc", Locality: "GPU"}}}}, // known strings are read in any case
 		{"array event with extra trailing elements, unknown event type kept",
 			"93 cb3ff8000000000000 92 95 ac426c6f636b52656d6f766564 91 01 a3435055 03 a178 92 a64e6577457665 01 00",
 			Batch{TS: 1.5, DPRank: ptr(0), Events: []Event{{Type: BlockRemoved, BlockHashes: []uint64{1}, Medium: "CPU", GroupIdx: 3}, {Type: "NewEve"}}}},

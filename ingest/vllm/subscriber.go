@@ -40,6 +40,9 @@ type Endpoint struct {
 	// DPRank is the rank the engine was registered as: a batch whose
 	// envelope names no rank is that rank's.
 	DPRank kvevent.DPRank
+	// Model and Tenant are the engine's, where known: its events naming
+	// another are dropped and counted (Converter.Model, Tenant).
+	Model, Tenant string
 }
 
 // SubscriberConfig configures a Subscriber.
@@ -251,7 +254,7 @@ func NewSubscriberContext(ctx context.Context, idx Sink, cfg SubscriberConfig, e
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Subscriber{idx: idx, cfg: cfg, ctx: ctx, cancel: cancel, guard: g, replayGuard: rg}
 	for _, ep := range eps {
-		e := &endpoint{cfg: ep, conv: &Converter{Worker: ep.Worker, BlockSize: cfg.BlockSize, Rank: ep.DPRank}, rank: ep.DPRank, ranks: map[kvevent.DPRank]bool{ep.DPRank: true}, msgs: make(chan zmq4.Msg, 1<<12), flushes: make(chan chan struct{}), holds: make(chan chan struct{}), stopped: make(chan struct{})}
+		e := &endpoint{cfg: ep, conv: &Converter{Worker: ep.Worker, BlockSize: cfg.BlockSize, Rank: ep.DPRank, Model: ep.Model, Tenant: ep.Tenant}, rank: ep.DPRank, ranks: map[kvevent.DPRank]bool{ep.DPRank: true}, msgs: make(chan zmq4.Msg, 1<<12), flushes: make(chan chan struct{}), holds: make(chan chan struct{}), stopped: make(chan struct{})}
 		if ep.ResumeAt > 0 {
 			e.expected, e.resuming = ep.ResumeAt, true
 			e.lastSeq.Store(ep.ResumeAt)

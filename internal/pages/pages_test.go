@@ -9,8 +9,8 @@ import (
 
 // Fault makes fresh memory resident before it is written: the resident
 // set grows by (almost) the whole slice, which a plain allocation does
-// not do until its pages are touched. Slices shorter than a page, empty,
-// or not aligned to a huge page are faulted in too.
+// not do until its pages are touched. It writes only zeros, and takes
+// slices shorter than a page, empty, or not aligned to one.
 func TestFault(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the resident set is read from /proc")

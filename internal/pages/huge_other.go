@@ -1,6 +1,0 @@
-//go:build !linux
-
-package pages
-
-// adviseHuge does nothing where transparent huge pages are not Linux's.
-func adviseHuge([]uint64) {}
