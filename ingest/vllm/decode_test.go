@@ -304,7 +304,7 @@ func TestDecodeErrorsSayWhere(t *testing.T) {
 // FuzzDecodeBatch: no input panics; whatever decodes re-encodes (both
 // encodings) and decodes to the same batch.
 func FuzzDecodeBatch(f *testing.F) {
-	for _, v := range loadVectors(f) {
+	for _, v := range append(loadVectors(f), loadVectorFile(f, "testdata/newer-shapes.json")...) {
 		f.Add(mustHex(v.BatchHex))
 	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
@@ -327,10 +327,16 @@ func FuzzDecodeBatch(f *testing.F) {
 // carried returns b as enc carries it: the array encoding has no locality,
 // and a salt only on a store without a LoRA name (SGLang's metadata map,
 // which has no group or cache spec); map events carry a salt only on
-// stores.
+// stores. No encoding carries what only RFC #1527 events say (model and
+// tenant) or extra keys (written as nils); copy counts only map events
+// carry.
 func carried(b Batch, enc Encoding) Batch {
 	evs := make([]Event, len(b.Events))
 	for i, ev := range b.Events {
+		ev.ModelName, ev.TenantID, ev.MultimodalAt = "", "", 0
+		if enc == ArrayEncoding || ev.Type != BlockRemoved {
+			ev.RemainingCopies = nil
+		}
 		if ev.Type != BlockStored {
 			ev.CacheSalt = ""
 		}
