@@ -51,7 +51,7 @@ var (
 	descBusBad    = prometheus.NewDesc("kvradix_bus_bad_messages_total", "Messages of a model's bus stream that did not decode or apply (on a bus).", []string{"model"}, nil)
 	descDown      = prometheus.NewDesc("kvradix_subscriber_down", "1 while an engine's connection is down (its last receive failed; reconnecting), else 0.", []string{"model", "instance", "dp_rank"}, nil)
 	descLastMsg   = prometheus.NewDesc("kvradix_subscriber_last_message_timestamp_seconds", "When the last message from an engine came, in Unix seconds.", []string{"model", "instance", "dp_rank"}, nil)
-	descRefused   = prometheus.NewDesc("kvradix_subscriber_events_refused_total", "An engine's events not indexed, by reason: another block size, a token count not block_size per hash, another KV cache group, an unknown type, undecodable (in a batch whose other events applied), remote (locality REMOTE), foreign (RFC #1527 events naming another model or tenant than the engine's), multimodal (stores cut at their first block with a multimodal input or prompt embeddings, which kvradix does not hash; the text blocks before it are indexed).", []string{"model", "instance", "dp_rank", "reason"}, nil)
+	descRefused   = prometheus.NewDesc("kvradix_subscriber_events_refused_total", "An engine's events not indexed, by reason: another block size, a token count not block_size per hash, another KV cache group, an unknown type, undecodable (in a batch whose other events applied), remote (locality REMOTE), foreign (RFC #1527 events naming another model or tenant than the engine's), multimodal (stores cut at their first block with a multimodal input or prompt embeddings, which kvradix does not hash; the text blocks before it are indexed), ownership (events an offload connector owns, vLLM 2026).", []string{"model", "instance", "dp_rank", "reason"}, nil)
 	descUndecod   = prometheus.NewDesc("kvradix_subscriber_undecodable_batches_total", "An engine's batches that did not decode at all (each also a lost batch).", []string{"model", "instance", "dp_rank"}, nil)
 	descBadFrame  = prometheus.NewDesc("kvradix_subscriber_bad_frames_total", "An engine's live messages not [topic, 8-byte sequence, payload], or frames over the size limit.", []string{"model", "instance", "dp_rank"}, nil)
 	descEngines   = prometheus.NewDesc("kvradix_engines", "Registered engines (instance and rank) by status: active (subscribed to), pending (first dial in progress), failed (dials failed; retried).", []string{"model", "status"}, nil)
@@ -231,7 +231,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		cs := st.Convert
 		counter(descCopies, cs.CopiesKept, model, id, rank)
 		for reason, n := range map[string]uint64{"block_size": cs.BadBlockSize, "token_count": cs.BadTokenCount, "other_group": cs.OtherGroup,
-			"unknown_type": cs.UnknownType, "undecodable": cs.Undecodable, "remote": cs.Remote, "foreign": cs.Foreign, "multimodal": cs.Multimodal} {
+			"unknown_type": cs.UnknownType, "undecodable": cs.Undecodable, "remote": cs.Remote, "foreign": cs.Foreign, "multimodal": cs.Multimodal, "ownership": cs.Ownership} {
 			counter(descRefused, n, model, id, rank, reason)
 		}
 		if r := inst.sub.Received(); len(r) > 0 {

@@ -47,6 +47,9 @@ type ConvertStats struct {
 	// before it are indexed, it and its descendants not (not counted in
 	// Rejected, even where no block was before it).
 	Multimodal uint64
+	// Ownership counts events of an offload connector's ownership (vLLM
+	// 2026, Event.Ownership): dropped, as SMG drops them.
+	Ownership uint64
 	// CopiesKept counts removed hashes not passed on because the engine
 	// still holds another copy (see Converter); CopyCounts are the
 	// (rank, tier, hash)s counted now.
@@ -68,13 +71,14 @@ func (s *ConvertStats) add(o ConvertStats) {
 	s.Remote += o.Remote
 	s.Foreign += o.Foreign
 	s.Multimodal += o.Multimodal
+	s.Ownership += o.Ownership
 	s.CopiesKept += o.CopiesKept
 	s.CopyCounts += o.CopyCounts
 }
 
 // Rejected returns the events refused.
 func (s ConvertStats) Rejected() uint64 {
-	return s.BadBlockSize + s.BadTokenCount + s.OtherGroup + s.UnknownType + s.Undecodable + s.Remote + s.Foreign
+	return s.BadBlockSize + s.BadTokenCount + s.OtherGroup + s.UnknownType + s.Undecodable + s.Remote + s.Foreign + s.Ownership
 }
 
 // Converter turns decoded batches of one worker into kvradix router events.
@@ -106,8 +110,8 @@ type Converter struct {
 	copies        map[copyPlace]map[uint64]uint32 // a hash's copies, by rank and tier
 	counted       int                             // the hashes counted, every place
 	c             struct {
-		stored, removed, cleared, size, tokens, group, unknown, rank, undecodable, remote, foreign, multimodal, kept atomic.Uint64
-		counted                                                                                                      atomic.Int64
+		stored, removed, cleared, size, tokens, group, unknown, rank, undecodable, remote, foreign, multimodal, ownership, kept atomic.Uint64
+		counted                                                                                                                 atomic.Int64
 	}
 }
 
@@ -129,7 +133,7 @@ func (c *Converter) Stats() ConvertStats {
 		Stored: c.c.stored.Load(), Removed: c.c.removed.Load(), Cleared: c.c.cleared.Load(),
 		BadBlockSize: c.c.size.Load(), BadTokenCount: c.c.tokens.Load(), OtherGroup: c.c.group.Load(),
 		UnknownType: c.c.unknown.Load(), BadRank: c.c.rank.Load(), Undecodable: c.c.undecodable.Load(), Remote: c.c.remote.Load(),
-		Foreign: c.c.foreign.Load(), Multimodal: c.c.multimodal.Load(), CopiesKept: c.c.kept.Load(), CopyCounts: int(c.c.counted.Load()),
+		Foreign: c.c.foreign.Load(), Multimodal: c.c.multimodal.Load(), Ownership: c.c.ownership.Load(), CopiesKept: c.c.kept.Load(), CopyCounts: int(c.c.counted.Load()),
 	}
 }
 
@@ -233,6 +237,10 @@ func (c *Converter) Convert(dst []kvevent.RouterEvent, b *Batch) []kvevent.Route
 			c.c.foreign.Add(1)
 			continue
 		}
+		if ev.Ownership != "" {
+			c.c.ownership.Add(1)
+			continue
+		}
 		out := kvevent.RouterEvent{WorkerID: c.Worker, Tier: MediumTier(ev.Medium), Event: kvevent.Event{DPRank: rank}}
 		switch ev.Type {
 		case BlockStored:
@@ -296,8 +304,8 @@ func (c *Converter) Convert(dst []kvevent.RouterEvent, b *Batch) []kvevent.Route
 
 // String summarises the stats on one line.
 func (s ConvertStats) String() string {
-	return fmt.Sprintf("stored %d removed %d cleared %d; copies kept %d, counted %d; refused: block size %d, token count %d, other group %d, unknown type %d, bad rank %d, undecodable %d, remote %d, foreign %d; multimodal cut %d",
-		s.Stored, s.Removed, s.Cleared, s.CopiesKept, s.CopyCounts, s.BadBlockSize, s.BadTokenCount, s.OtherGroup, s.UnknownType, s.BadRank, s.Undecodable, s.Remote, s.Foreign, s.Multimodal)
+	return fmt.Sprintf("stored %d removed %d cleared %d; copies kept %d, counted %d; refused: block size %d, token count %d, other group %d, unknown type %d, bad rank %d, undecodable %d, remote %d, foreign %d, ownership %d; multimodal cut %d",
+		s.Stored, s.Removed, s.Cleared, s.CopiesKept, s.CopyCounts, s.BadBlockSize, s.BadTokenCount, s.OtherGroup, s.UnknownType, s.BadRank, s.Undecodable, s.Remote, s.Foreign, s.Ownership, s.Multimodal)
 }
 
 // foreign reports whether ev names another model or tenant than c's

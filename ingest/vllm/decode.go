@@ -101,9 +101,19 @@ type Event struct {
 	// kvradix does not hash such inputs into a block, so that block and
 	// its descendants are not indexed (the converter cuts the store
 	// there): a multimodal block would otherwise match its text alone.
-	// Other extra keys (LoRA name, salt, carried in their own fields) are
-	// ignored.
+	// Other extra keys are the LoRA name (carried by lora_name) and the
+	// cache salt (see texts); numbers are ignored.
 	MultimodalAt int
+	// Ownership is vLLM's ownership (2026, map events; "" when absent):
+	// which offload connector's blocks these are. What it means for the
+	// engine's own cache is not specified, so an event that has one is
+	// dropped and counted, as SMG does.
+	Ownership string
+	// texts are the first text keys of the first block's extra_keys that
+	// name no multimodal input: vLLM sends the request's cache salt there
+	// (beside its LoRA name). finish makes the one that is not the LoRA
+	// name the event's CacheSalt, unless it has one.
+	texts [2][]byte
 	// ModelName and TenantID are an RFC #1527 event's model_name and
 	// tenant_id ("" when absent or nil): one publisher (Mooncake's master)
 	// may speak for several, and an event for another model or tenant
@@ -283,6 +293,7 @@ func decodeEvents(out *Batch, b []byte) (rest []byte, first, err error) {
 	for i := range out.Events {
 		next, derr := decodeEvent(&out.Events[i], b, i)
 		if derr == nil {
+			out.Events[i].finish()
 			b = next
 			continue
 		}
@@ -373,7 +384,7 @@ func decodeEvent(ev *Event, b []byte, i int) ([]byte, error) {
 			case "type", "event_type":
 				rest, err = ev.tag(k, rest, i)
 			case "block_hashes", "parent_block_hash", "cache_salt":
-				rest, err = ev.once(k, string(key), &seen, rest, i)
+				rest, err = ev.once(k, key, &seen, rest, i)
 			case "token_ids":
 				seen |= 2
 				rest, err = ev.field(k, rest, i)
@@ -403,7 +414,7 @@ func decodeEvent(ev *Event, b []byte, i int) ([]byte, error) {
 }
 
 var fieldNames = []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "cache_salt", "locality", "remaining_copy_counts",
-	"event_type", "model_name", "tenant_id"}
+	"event_type", "model_name", "tenant_id", "ownership"}
 
 // rfcNames are RFC #1527's names (Mooncake's master, TokenSpeed) of the
 // fields vLLM names otherwise. Mooncake sends both names by default, with
@@ -435,11 +446,9 @@ func (ev *Event) tag(key string, b []byte, i int) ([]byte, error) {
 	if err != nil {
 		return nil, evErr(i, key, err)
 	}
-	t := internType(tag)
-	if key == "event_type" {
-		if known, ok := rfcTypes[string(tag)]; ok {
-			t = known
-		}
+	t, ok := rfcTypes[string(tag)]
+	if key != "event_type" || !ok {
+		t = internType(tag)
 	}
 	if ev.Type != "" && ev.Type != t {
 		return nil, evErr(i, key, fmt.Errorf("%q disagrees with the event's other type %q", t, ev.Type))
@@ -450,7 +459,7 @@ func (ev *Event) tag(key string, b []byte, i int) ([]byte, error) {
 
 // once reads a field that may come under two names (vLLM's and RFC
 // #1527's): the second, if any, must say what the first said.
-func (ev *Event) once(name, key string, seen *uint16, b []byte, i int) ([]byte, error) {
+func (ev *Event) once(name string, key []byte, seen *uint16, b []byte, i int) ([]byte, error) {
 	var bit uint16
 	switch name {
 	case "block_hashes":
@@ -479,7 +488,7 @@ func (ev *Event) once(name, key string, seen *uint16, b []byte, i int) ([]byte, 
 		same = ev.CacheSalt == again.CacheSalt
 	}
 	if !same {
-		return nil, evErr(i, key, fmt.Errorf("disagrees with the event's %s", name))
+		return nil, evErr(i, string(key), fmt.Errorf("disagrees with the event's %s", name))
 	}
 	return b, nil
 }
@@ -543,6 +552,8 @@ func (ev *Event) field(name string, b []byte, i int) ([]byte, error) {
 		ev.ModelName, b, err = readOptStr(b, nil)
 	case "tenant_id":
 		ev.TenantID, b, err = readOptStr(b, nil)
+	case "ownership":
+		ev.Ownership, b, err = readOptStr(b, nil)
 	case "remaining_copy_counts":
 		if msgp.IsNil(b) {
 			return msgp.ReadNilBytes(b)
@@ -584,50 +595,70 @@ func (ev *Event) extraKeys(b []byte) ([]byte, error) {
 		}
 		for range keys {
 			var opaque bool
-			if opaque, b, err = opaqueKey(b); err != nil {
+			var text []byte
+			if opaque, text, b, err = extraKey(b); err != nil {
 				return nil, fmt.Errorf("block %d: %w", j, err)
 			}
 			if opaque && ev.MultimodalAt == 0 {
 				ev.MultimodalAt = int(j) + 1
+			}
+			if text != nil && j == 0 {
+				if ev.texts[0] == nil {
+					ev.texts[0] = text
+				} else if ev.texts[1] == nil {
+					ev.texts[1] = text
+				}
 			}
 		}
 	}
 	return b, nil
 }
 
-// opaqueKey reads one extra key and reports whether it names an input
-// kvradix does not hash: a multimodal identifier (64 hex digits, or a
-// [identifier, offset] pair) or prompt embeddings (bytes).
-func opaqueKey(b []byte) (bool, []byte, error) {
+// extraKey reads one extra key: whether it names an input kvradix does
+// not hash (a multimodal identifier: 64 hex digits, or an [identifier,
+// offset] pair; or prompt embeddings: bytes), or else its text (a LoRA
+// name or a cache salt; nil for numbers).
+func extraKey(b []byte) (opaque bool, text, rest []byte, err error) {
 	switch msgp.NextType(b) {
 	case msgp.StrType:
 		s, rest, err := msgp.ReadStringZC(b)
-		return err == nil && isMMHash(s), rest, err
+		if err != nil || isMMHash(s) {
+			return err == nil, nil, rest, err
+		}
+		return false, s, rest, nil
 	case msgp.BinType:
 		rest, err := msgp.Skip(b)
-		return true, rest, err
+		return true, nil, rest, err
 	case msgp.ArrayType:
 		n, rest, err := msgp.ReadArrayHeaderBytes(b)
 		if err != nil || n == 0 {
-			return false, rest, err
+			return false, nil, rest, err
 		}
-		mm := msgp.NextType(rest) == msgp.StrType
-		if mm {
-			var s []byte
-			if s, rest, err = msgp.ReadStringZC(rest); err != nil {
-				return false, nil, err
-			}
-			mm, n = isMMHash(s), n-1
-		}
+		mm := msgp.NextType(rest) == msgp.StrType // [identifier, offset]
 		for range n {
 			if rest, err = msgp.Skip(rest); err != nil {
-				return false, nil, err
+				return false, nil, nil, err
 			}
 		}
-		return mm, rest, nil
+		return mm, nil, rest, nil
 	}
-	rest, err := msgp.Skip(b)
-	return false, rest, err
+	rest, err = msgp.Skip(b)
+	return false, nil, rest, err
+}
+
+// finish settles what only the whole event says: vLLM sends a request's
+// cache salt among its first block's extra keys, beside its LoRA name, so
+// a text key there that is not the LoRA name is the event's salt (unless
+// it has one of its own). Blocks of a later event of the same request
+// carry no salt and hash unsalted: salted queries miss them, plain ones
+// never reach them past the salted first block.
+func (ev *Event) finish() {
+	for _, t := range ev.texts {
+		if t != nil && ev.CacheSalt == "" && string(t) != ev.LoRAName {
+			ev.CacheSalt = string(t)
+		}
+	}
+	ev.texts = [2][]byte{}
 }
 
 // isMMHash reports whether s is a multimodal identifier as vLLM writes

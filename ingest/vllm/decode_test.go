@@ -113,6 +113,10 @@ func TestNewerShapes(t *testing.T) {
 		"rfc1527_legacy_removed":   {[]Event{{Type: BlockRemoved, BlockHashes: []uint64{7}, Medium: "DISK", TenantID: "default"}}, notWritten, rfcTS, 0, ""},
 		"rfc1527_master_no_tokens": {[]Event{{}, cleared}, notWritten, rfcTS, 0, "token_ids"},
 		"rfc1527_names_disagree":   {[]Event{{}}, notWritten, rfcTS, 0, "block_hashes"},
+		"map_salt_ownership_pair": {[]Event{
+			{Type: BlockStored, BlockHashes: []uint64{9}, TokenIDs: []uint32{1, 2}, BlockSize: 2, LoRAName: "adapter", CacheSalt: "salt-1"},
+			{Type: BlockStored, BlockHashes: []uint64{10}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "STORAGE", Locality: "LOCAL", Ownership: "kvcr"},
+			{Type: BlockStored, BlockHashes: []uint64{11}, TokenIDs: []uint32{1, 2}, BlockSize: 2, MultimodalAt: 1}}, notWritten, 1.5, 0, ""},
 		"map_multimodal_stored": {[]Event{
 			{Type: BlockStored, BlockHashes: []uint64{1, 2, 3}, TokenIDs: []uint32{1, 2, 3, 4, 5, 6}, BlockSize: 2, LoRAName: "my-lora", MultimodalAt: 2},
 			{Type: BlockStored, BlockHashes: []uint64{4}, TokenIDs: []uint32{0, 0}, BlockSize: 2, MultimodalAt: 1}}, notWritten, 1.5, 0, ""},
@@ -153,8 +157,8 @@ func TestNewerShapes(t *testing.T) {
 	}
 }
 
-// The converter drops REMOTE events and events that did not decode,
-// counting each, and hashes a salted store apart from the same tokens
+// The converter drops REMOTE events, an offload connector's (ownership)
+// and events that did not decode, counting each, and hashes a salted store apart from the same tokens
 // unsalted.
 func TestConvertNewerShapes(t *testing.T) {
 	c := NewConverter(1, 2)
@@ -163,7 +167,9 @@ func TestConvertNewerShapes(t *testing.T) {
 	salted.BlockHashes, salted.CacheSalt = []uint64{6}, "s1"
 	remote := Event{Type: BlockRemoved, BlockHashes: []uint64{5}, Locality: "REMOTE"}
 	local := Event{Type: BlockRemoved, BlockHashes: []uint64{5}, Locality: "LOCAL"}
-	out := c.Convert(nil, &Batch{Events: []Event{stored, salted, remote, {Err: errors.New("bad")}, local}})
+	owned := stored
+	owned.Ownership = "kvcr"
+	out := c.Convert(nil, &Batch{Events: []Event{stored, salted, remote, {Err: errors.New("bad")}, owned, local}})
 	if len(out) != 3 {
 		t.Fatalf("%d events out, want 3: %+v", len(out), out)
 	}
@@ -171,7 +177,7 @@ func TestConvertNewerShapes(t *testing.T) {
 	if plain.Blocks[0].TokensHash == withSalt.Blocks[0].TokensHash {
 		t.Fatal("a salted block hashes as the same tokens unsalted")
 	}
-	if st := c.Stats(); st.Remote != 1 || st.Undecodable != 1 || st.Rejected() != 2 {
+	if st := c.Stats(); st.Remote != 1 || st.Undecodable != 1 || st.Ownership != 1 || st.Rejected() != 3 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -328,12 +334,12 @@ func FuzzDecodeBatch(f *testing.F) {
 // and a salt only on a store without a LoRA name (SGLang's metadata map,
 // which has no group or cache spec); map events carry a salt only on
 // stores. No encoding carries what only RFC #1527 events say (model and
-// tenant) or extra keys (written as nils); copy counts only map events
-// carry.
+// tenant), extra keys (written as nils) or ownership; copy counts only
+// map events carry.
 func carried(b Batch, enc Encoding) Batch {
 	evs := make([]Event, len(b.Events))
 	for i, ev := range b.Events {
-		ev.ModelName, ev.TenantID, ev.MultimodalAt = "", "", 0
+		ev.ModelName, ev.TenantID, ev.MultimodalAt, ev.Ownership = "", "", 0, ""
 		if enc == ArrayEncoding || ev.Type != BlockRemoved {
 			ev.RemainingCopies = nil
 		}
