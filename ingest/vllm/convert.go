@@ -96,7 +96,12 @@ func (s ConvertStats) Rejected() uint64 {
 // the last copy goes, as Dynamo's EventDedupFilter does; a removal of a
 // hash never counted passes (a resumed stream, a store lost). Where the
 // engine says how many copies remain (remaining_copy_counts, vLLM #48933),
-// its word is taken. AllBlocksCleared, and Forget, drop a rank's counts.
+// its word is taken. A store of origin REUSED (vLLM #51699: a block the
+// prefix cache reused, announced again under kv_cache_report_mode=full) is
+// no new copy: it counts only a hash not counted yet. Without origin such
+// announcements cannot be told from copies, and over-count: a block may
+// then outlive its last eviction in the index. AllBlocksCleared, and
+// Forget, drop a rank's counts.
 type Converter struct {
 	Worker    kvevent.WorkerID
 	BlockSize int
@@ -151,9 +156,12 @@ func (c *Converter) place(rank kvevent.DPRank, tier kvevent.Tier) map[uint64]uin
 }
 
 // stored counts one more copy of each block.
-func (c *Converter) stored(rank kvevent.DPRank, tier kvevent.Tier, hashes []uint64) {
+func (c *Converter) stored(rank kvevent.DPRank, tier kvevent.Tier, hashes []uint64, reused bool) {
 	m := c.place(rank, tier)
 	for _, h := range hashes {
+		if reused && m[h] > 0 {
+			continue // announced again, not copied
+		}
 		if m[h]++; m[h] == 1 {
 			c.counted++
 		}
@@ -275,7 +283,7 @@ func (c *Converter) Convert(dst []kvevent.RouterEvent, b *Batch) []kvevent.Route
 			}
 			out.Event.Data = st
 			c.c.stored.Add(1)
-			c.stored(rank, out.Tier, hashes)
+			c.stored(rank, out.Tier, hashes, ev.Origin == "REUSED")
 		case BlockRemoved:
 			if ev.GroupIdx != 0 {
 				c.c.group.Add(1)

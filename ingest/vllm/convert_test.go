@@ -59,11 +59,17 @@ func TestConvert(t *testing.T) {
 // vLLM keeps duplicate copies of a block, each stored and removed on its
 // own: a hash leaves only with its last copy (per rank and tier); a hash
 // never counted passes; the engine's remaining_copy_counts are taken
-// as its word; a clear forgets the rank's counts.
+// as its word; a clear forgets the rank's counts; a store of origin
+// REUSED is an announcement, not a copy.
 func TestConvertCountsCopies(t *testing.T) {
 	tokens := []uint32{1, 2, 3, 4}
 	store := func(h uint64, medium string) Event {
 		return Event{Type: BlockStored, BlockHashes: []uint64{h}, TokenIDs: tokens, BlockSize: 4, Medium: medium}
+	}
+	reused := func(h uint64) Event {
+		ev := store(h, "")
+		ev.Origin = "REUSED"
+		return ev
 	}
 	remove := func(medium string, remaining []uint32, hs ...uint64) Event {
 		return Event{Type: BlockRemoved, BlockHashes: hs, Medium: medium, RemainingCopies: remaining}
@@ -91,6 +97,8 @@ func TestConvertCountsCopies(t *testing.T) {
 		{"then none", []Event{remove("", []uint32{0}, 12)}, [][]uint64{{12}}},
 		{"counts that do not match the hashes are not its word", []Event{store(13, ""), store(13, ""), remove("", []uint32{0, 0}, 13)}, nil},
 		{"a clear forgets the counts", []Event{{Type: AllBlocksCleared}, remove("", nil, 13)}, [][]uint64{{13}}},
+		{"a reused block announced again is no copy", []Event{store(15, ""), reused(15), remove("", nil, 15)}, [][]uint64{{15}}},
+		{"a reused block never counted is one copy", []Event{reused(16), remove("", nil, 16)}, [][]uint64{{16}}},
 	} {
 		if got := removedOf(step.evs...); !reflect.DeepEqual(got, step.want) {
 			t.Fatalf("%s: removed %v, want %v", step.name, got, step.want)

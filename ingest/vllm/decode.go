@@ -109,6 +109,11 @@ type Event struct {
 	// engine's own cache is not specified, so an event that has one is
 	// dropped and counted, as SMG does.
 	Ownership string
+	// Origin is a store's origin (vLLM #51699, map events; "" when
+	// absent): "NEW", a block newly cached, or "REUSED", one the prefix
+	// cache reused and announces again (kv_cache_report_mode=full), which
+	// is no new physical copy (see Converter).
+	Origin string
 	// texts are the first text keys of the first block's extra_keys that
 	// name no multimodal input: vLLM sends the request's cache salt there
 	// (beside its LoRA name). finish makes the one that is not the LoRA
@@ -414,7 +419,7 @@ func decodeEvent(ev *Event, b []byte, i int) ([]byte, error) {
 }
 
 var fieldNames = []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "cache_salt", "locality", "remaining_copy_counts",
-	"event_type", "model_name", "tenant_id", "ownership"}
+	"event_type", "model_name", "tenant_id", "ownership", "origin"}
 
 // rfcNames are RFC #1527's names (Mooncake's master, TokenSpeed) of the
 // fields vLLM names otherwise. Mooncake sends both names by default, with
@@ -554,6 +559,8 @@ func (ev *Event) field(name string, b []byte, i int) ([]byte, error) {
 		ev.TenantID, b, err = readOptStr(b, nil)
 	case "ownership":
 		ev.Ownership, b, err = readOptStr(b, nil)
+	case "origin":
+		ev.Origin, b, err = readOptStr(b, internMedium)
 	case "remaining_copy_counts":
 		if msgp.IsNil(b) {
 			return msgp.ReadNilBytes(b)
@@ -731,7 +738,7 @@ func internType(s []byte) string {
 	return string(s)
 }
 
-var knownStrings = []string{"LOCAL", "GPU", "CPU", "DEVICE", "CPU_PINNED", "CPU_TIER1", "CPU_TIER2", "DISK", "NVME", "STORAGE", "EXTERNAL", "NETWORK", "REMOTE", "SHARED", "full_attention", "sliding_window", "mla_attention"}
+var knownStrings = []string{"LOCAL", "GPU", "CPU", "DEVICE", "CPU_PINNED", "CPU_TIER1", "CPU_TIER2", "DISK", "NVME", "STORAGE", "EXTERNAL", "NETWORK", "REMOTE", "SHARED", "NEW", "REUSED", "full_attention", "sliding_window", "mla_attention"}
 
 // internMedium returns s, or the known string equal to it but for case:
 // vLLM and SGLang send media in capitals, RFC #1527 (Mooncake, TokenSpeed)

@@ -117,6 +117,7 @@ func TestNewerShapes(t *testing.T) {
 			{Type: BlockStored, BlockHashes: []uint64{9}, TokenIDs: []uint32{1, 2}, BlockSize: 2, LoRAName: "adapter", CacheSalt: "salt-1"},
 			{Type: BlockStored, BlockHashes: []uint64{10}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "STORAGE", Locality: "LOCAL", Ownership: "kvcr"},
 			{Type: BlockStored, BlockHashes: []uint64{11}, TokenIDs: []uint32{1, 2}, BlockSize: 2, MultimodalAt: 1}}, notWritten, 1.5, 0, ""},
+		"map_reused_stored": {[]Event{{Type: BlockStored, BlockHashes: []uint64{12}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Origin: "REUSED"}}, notWritten, 1.5, 0, ""},
 		"map_multimodal_stored": {[]Event{
 			{Type: BlockStored, BlockHashes: []uint64{1, 2, 3}, TokenIDs: []uint32{1, 2, 3, 4, 5, 6}, BlockSize: 2, LoRAName: "my-lora", MultimodalAt: 2},
 			{Type: BlockStored, BlockHashes: []uint64{4}, TokenIDs: []uint32{0, 0}, BlockSize: 2, MultimodalAt: 1}}, notWritten, 1.5, 0, ""},
@@ -334,12 +335,12 @@ func FuzzDecodeBatch(f *testing.F) {
 // and a salt only on a store without a LoRA name (SGLang's metadata map,
 // which has no group or cache spec); map events carry a salt only on
 // stores. No encoding carries what only RFC #1527 events say (model and
-// tenant), extra keys (written as nils) or ownership; copy counts only
-// map events carry.
+// tenant), extra keys (written as nils), ownership or origin; copy counts
+// only map events carry.
 func carried(b Batch, enc Encoding) Batch {
 	evs := make([]Event, len(b.Events))
 	for i, ev := range b.Events {
-		ev.ModelName, ev.TenantID, ev.MultimodalAt, ev.Ownership = "", "", 0, ""
+		ev.ModelName, ev.TenantID, ev.MultimodalAt, ev.Ownership, ev.Origin = "", "", 0, "", ""
 		if enc == ArrayEncoding || ev.Type != BlockRemoved {
 			ev.RemainingCopies = nil
 		}
