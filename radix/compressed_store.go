@@ -233,14 +233,12 @@ func (wk *walker) step(i int, room int) {
 // push appends block b at the run's end (unpublished until leave), growing
 // the arrays to fit room blocks more (the rest of the event may extend the
 // run too), or by half, so that runs extended in small steps (a
-// conversation's turns) still append in amortised constant time: each
-// block is copied twice on average. (By an eighth, it was copied eight
-// times, and copying was a quarter of a store's time in the field's
-// benchmark; a half leaves arrays at most a third empty, 16.3 -> 18.1 B a
-// pair there and unchanged on the trace, results/README.md.) An array
-// once published past this length (the run was trimmed) is not written
-// again: the run gets a fresh one. The block claims its own hash when the
-// walk leaves the run.
+// conversation's turns) still append in amortised constant time, each
+// block copied about twice, for arrays at most a third empty (growth by
+// an eighth copied a block eight times: results/README.md). An array once
+// published past this length (the run was trimmed) is not written again:
+// the run gets a fresh one. The block claims its own hash when the walk
+// leaves the run.
 func (wk *walker) push(b kvevent.StoredBlock, room int) {
 	r, n := wk.r, wk.n
 	if int(n) == len(wk.ks) || n < r.hw {

@@ -26,15 +26,20 @@ func TestDuplicateCopiesThroughTheService(t *testing.T) {
 		post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: "m"}, &got)
 		return got.Scores["1"]["0"]
 	}
-	pub.Publish([]vllm.Event{stored})
-	pub.Publish([]vllm.Event{stored}) // a second copy of both blocks
-	pub.Publish([]vllm.Event{removed})
+	publish := func(ev vllm.Event) {
+		if _, err := pub.Publish([]vllm.Event{ev}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(stored)
+	publish(stored) // a second copy of both blocks
+	publish(removed)
 	testwait.For(t, "the first removal kept", func() bool {
 		return metric(t, ts.URL, `kvradix_subscriber_copies_kept_total{dp_rank="0",instance="1",model="m:default"}`) == 1
 	})
 	if n := held(); n != 2*bs {
 		t.Fatalf("after one copy of block 42 went: %d tokens held, want %d", n, 2*bs)
 	}
-	pub.Publish([]vllm.Event{removed})
+	publish(removed)
 	testwait.For(t, "the last copy's removal applied", func() bool { return held() == bs })
 }

@@ -319,10 +319,15 @@ func (s ConvertStats) String() string {
 // foreign reports whether ev names another model or tenant than c's
 // engine.
 func (c *Converter) foreign(ev *Event) bool {
-	tenant := ev.TenantID
-	if tenant == "default" {
-		tenant = ""
-	}
 	return ev.ModelName != "" && c.Model != "" && ev.ModelName != c.Model ||
-		ev.TenantID != "" && tenant != c.Tenant && ev.TenantID != c.Tenant
+		ev.TenantID != "" && unnamed(ev.TenantID) != unnamed(c.Tenant)
+}
+
+// unnamed returns tenant, with "default" (Mooncake's and the service's
+// name of the unnamed tenant) as "".
+func unnamed(tenant string) string {
+	if tenant == "default" {
+		return ""
+	}
+	return tenant
 }

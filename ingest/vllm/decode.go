@@ -580,10 +580,12 @@ func (ev *Event) field(name string, b []byte, i int) ([]byte, error) {
 }
 
 // extraKeys reads vLLM's extra_keys, a list aligned with the blocks of
-// nil or a list of keys, into MultimodalAt.
+// nil or a list of keys, into MultimodalAt. The position is read by its
+// type, as lora_name's is: SGLang's array layout puts its session_id
+// there (a string), which is skipped.
 func (ev *Event) extraKeys(b []byte) ([]byte, error) {
-	if msgp.IsNil(b) {
-		return msgp.ReadNilBytes(b)
+	if msgp.NextType(b) != msgp.ArrayType {
+		return msgp.Skip(b)
 	}
 	n, b, err := msgp.ReadArrayHeaderBytes(b)
 	if err != nil {

@@ -259,6 +259,9 @@ func TestDecodeVariants(t *testing.T) {
 		{"map with unknown keys, lora name and wide token ids",
 			"93 cb3ff8000000000000 91 86 a474797065 ab426c6f636b53746f726564 a86c6f63616c697479 a3677075 ac626c6f636b5f686173686573 91 07 a9746f6b656e5f696473 92 ce00010000 cd0100 aa626c6f636b5f73697a65 02 a96c6f72615f6e616d65 a3616263 01",
 			Batch{TS: 1.5, DPRank: ptr(1), Events: []Event{{Type: BlockStored, BlockHashes: []uint64{7}, TokenIDs: []uint32{65536, 256}, BlockSize: 2, LoRAName: "abc", Locality: "GPU"}}}}, // known strings are read in any case
+		{"SGLang's array with its session_id where vLLM's extra_keys are",
+			"93 cb3ff8000000000000 91 99 ab426c6f636b53746f726564 91 05 c0 92 01 02 02 c0 a3475055 c0 a57265712d31 00",
+			Batch{TS: 1.5, DPRank: ptr(0), Events: []Event{{Type: BlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU"}}}},
 		{"array event with extra trailing elements, unknown event type kept",
 			"93 cb3ff8000000000000 92 95 ac426c6f636b52656d6f766564 91 01 a3435055 03 a178 92 a64e6577457665 01 00",
 			Batch{TS: 1.5, DPRank: ptr(0), Events: []Event{{Type: BlockRemoved, BlockHashes: []uint64{1}, Medium: "CPU", GroupIdx: 3}, {Type: "NewEve"}}}},
