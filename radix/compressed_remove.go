@@ -21,24 +21,28 @@ func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
 	}
 	missing := 0
 	l := leaver{t: t, xw: xw}
-	for from := 0; from < len(hashes); from += peekAhead {
-		// The chunk's lookups were four fifths of a shuffled removal, one
-		// cache miss after another: overlap them.
-		chunk := hashes[from:min(from+peekAhead, len(hashes))]
-		if len(chunk) > 1 {
-			t.chain.prefetch(chunk)
-		}
-		for _, h := range chunk {
-			loc, own, ok := t.nameOf(xw, h)
-			if !ok {
+	peeked := 0 // hashes[:peeked] were prefetched
+	for i, h := range hashes {
+		loc, ok := l.follows(h)
+		own := true
+		if !ok {
+			if i >= peeked {
+				// The lookups were four fifths of a shuffled removal, one
+				// cache miss after another: overlap the next few.
+				peeked = min(i+peekAhead, len(hashes))
+				if peeked-i > 1 {
+					t.chain.prefetch(hashes[i:peeked])
+				}
+			}
+			if loc, own, ok = t.nameOf(xw, h); !ok {
 				missing++
 				continue
 			}
 			if !own {
 				delete(xw.xnames, h)
 			}
-			l.unname(loc, own)
 		}
+		l.unname(loc, own)
 	}
 	l.release()
 	t.addSize(xw, -l.left)
@@ -96,8 +100,32 @@ func (r *crun) setHolders(hs []holder) {
 type leaver struct {
 	t    *CompressedTree
 	xw   *xworker
-	r    *crun // locked, or nil
-	left int   // blocks the worker left
+	r    *crun  // locked, or nil
+	last uint32 // the position in r the worker left last
+	left int    // blocks the worker left
+}
+
+// follows returns the block before the one the worker left last, in the
+// run in hand, if h is its own hash and the worker names it so: what
+// nameOf would return, with the table's answer for h read from the run (a
+// block that claimed its own hash is the table's entry for it), and
+// nameOf's checks after. Tail-first eviction, nearly every hash of an
+// engine's removal, is then a read of the run instead of a lookup in the
+// table, a random cache line a hash. False where it cannot tell.
+func (l *leaver) follows(h uint64) (uint64, bool) {
+	r := l.r
+	if r == nil || l.last == 0 {
+		return 0, false
+	}
+	p := l.last - 1
+	if !hasBit(r.claimed, p) || (*r.eng.Load())[p] != h {
+		return 0, false // the table has another block for h, or none
+	}
+	if _, aliased := l.xw.xnames[h]; aliased {
+		return 0, false // the worker's name of its own for another block
+	}
+	loc := pack(r, p)
+	return loc, l.xw.holdsOwnAt(loc, r, p)
 }
 
 // unname drops one name of the worker for the block at loc: its own hash
@@ -129,6 +157,7 @@ func (l *leaver) unname(loc uint64, own bool) {
 		l.r = r
 	}
 	r.leave(xw, off)
+	l.last = off
 	l.left++
 }
 
@@ -211,9 +240,20 @@ func (t *CompressedTree) trim(r *crun, e uint32) {
 		return
 	}
 	eng := *r.eng.Load()
-	for off := e; off < n; off++ {
-		if hasBit(r.claimed, off) {
-			t.chain.release(eng[off], pack(r, off))
+	for from := e; from < n; from += peekAhead {
+		// Each release is a random line of the table and ends in a
+		// compare-and-swap, after which no load overlaps: load the next
+		// few first.
+		to := min(from+peekAhead, n)
+		for off := from; off < to; off++ {
+			if hasBit(r.claimed, off) {
+				t.chain.peek(eng[off])
+			}
+		}
+		for off := from; off < to; off++ {
+			if hasBit(r.claimed, off) {
+				t.chain.release(eng[off], pack(r, off))
+			}
 		}
 	}
 	if w := int(e+63) / 64; w <= len(r.claimed) {

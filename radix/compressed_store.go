@@ -117,11 +117,13 @@ func (t *CompressedTree) nameOf(xw *xworker, h uint64) (loc uint64, own, ok bool
 // reads the run without its lock: xw's bits are written only by the
 // goroutine asking.
 func (t *CompressedTree) holdsOwn(xw *xworker, loc uint64) bool {
-	if xw.xcount[loc]&noOwn != 0 {
-		return false
-	}
 	r, off := t.unpack(loc)
-	if r == nil {
+	return r != nil && xw.holdsOwnAt(loc, r, off)
+}
+
+// holdsOwnAt is holdsOwn of loc, the location of position off of r.
+func (xw *xworker) holdsOwnAt(loc uint64, r *crun, off uint32) bool {
+	if xw.xcount[loc]&noOwn != 0 {
 		return false
 	}
 	hs := r.holderArray()

@@ -147,6 +147,11 @@ func (g *Gen) token() uint64 {
 
 func (g *Gen) removed(w kvevent.Worker) kvevent.Removed {
 	var r kvevent.Removed
+	if g.Src.IntN(3) == 0 {
+		if r.BlockHashes = g.tail(w); len(r.BlockHashes) > 0 {
+			return r
+		}
+	}
 	hs := g.held(w)
 	for range 1 + g.Src.IntN(3) {
 		if len(hs) > 0 && g.Src.IntN(5) > 0 {
@@ -156,6 +161,28 @@ func (g *Gen) removed(w kvevent.Worker) kvevent.Removed {
 		}
 	}
 	return r
+}
+
+// tail removes, as an engine evicts a sequence from its tail, a name of
+// the path of a hash w holds, then a name of its parent path, and so on
+// for up to 6 paths while w holds them.
+func (g *Gen) tail(w kvevent.Worker) []uint64 {
+	hs := g.held(w)
+	if len(hs) == 0 {
+		return nil
+	}
+	paths := g.Model.Paths(w)
+	var out []uint64
+	p := g.Model.workers[w].byHash[hs[g.Src.IntN(len(hs))]]
+	for range 1 + g.Src.IntN(6) {
+		names := paths[p]
+		if len(names) == 0 {
+			break
+		}
+		out = append(out, names[g.Src.IntN(len(names))])
+		p = p[:len(p)-8]
+	}
+	return out
 }
 
 func (g *Gen) query() []uint64 {
