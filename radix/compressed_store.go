@@ -234,17 +234,18 @@ func (wk *walker) step(i int, room int) {
 
 // push appends block b at the run's end (unpublished until leave), growing
 // the arrays to fit room blocks more (the rest of the event may extend the
-// run too), or by half, so that runs extended in small steps (a
+// run too), or doubling them, so that runs extended in small steps (a
 // conversation's turns) still append in amortised constant time, each
-// block copied about twice, for arrays at most a third empty (growth by
-// an eighth copied a block eight times: results/README.md). An array once
+// block copied about once, for arrays at most half empty (growth by an
+// eighth copied a block eight times, by half twice: results/README.md
+// weighs the memory against the time). An array once
 // published past this length (the run was trimmed) is not written again:
 // the run gets a fresh one. The block claims its own hash when the walk
 // leaves the run.
 func (wk *walker) push(b kvevent.StoredBlock, room int) {
 	r, n := wk.r, wk.n
 	if int(n) == len(wk.ks) || n < r.hw {
-		size := min(int(n)+max(room, int(n)/2, 1), int(wk.t.runLimit))
+		size := min(int(n)+max(room, int(n), 1), int(wk.t.runLimit))
 		grown := make([]uint64, size)
 		copy(grown, wk.ks[:n])
 		eng := make([]uint64, size)
