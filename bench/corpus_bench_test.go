@@ -22,20 +22,26 @@ const corpusBatch = 64
 // operations of the SMGMCK01 corpus at the scaled standard settings
 // (`loadgen indexer -dup 2 -length-factor 4`: 128 engines of 16,384
 // blocks of 128 tokens, two copies, 22.0M block operations) applied in
-// issue order by one goroutine to a fresh CompressedTree sized for the
-// engines' pools summed, as `-sized` builds it: events in batches of
-// consecutive events, lookups through AppendMatches. Nothing waits and
-// nothing else runs, so ns/block-op is the index's own cost of the work
-// the field's figure divides (1e9 / ns/block-op is the block operations
-// a lane core could sustain with no harness at all). ops=events leaves
-// the lookups out: the stores' and removals' cost alone. Building the
-// tree (its table made resident) is not timed.
+// issue order to a fresh CompressedTree sized for the engines' pools
+// summed, as `-sized` builds it: events in batches of consecutive events,
+// lookups through AppendMatches. Nothing waits and nothing else runs, so
+// ns/block-op is the index's own cost of the work the field's figure
+// divides (1e9 / ns/block-op is the block operations a lane core could
+// sustain with no harness at all). ops=events leaves the lookups out: the
+// stores' and removals' cost alone. writers=2 splits the events between
+// two goroutines by worker, as two pool lanes would, each in issue order:
+// against writers=1 at the same GOMAXPROCS, what a second writer adds on
+// the field's workload. Building the tree (its table made resident) is
+// not timed.
 func BenchmarkCorpus(b *testing.B) {
 	cp, tot := scaledCorpus(b)
-	for _, ops := range []string{"all", "events"} {
-		b.Run("ops="+ops, func(b *testing.B) {
+	for _, c := range []struct {
+		ops     string
+		writers int
+	}{{"all", 1}, {"events", 1}, {"events", 2}} {
+		b.Run(fmt.Sprintf("ops=%s/writers=%d", c.ops, c.writers), func(b *testing.B) {
 			blockOps := tot.StoredBlocks + tot.RemovedBlocks
-			if ops == "all" {
+			if c.ops == "all" {
 				blockOps += tot.RequestBlocks
 			}
 			b.ReportAllocs()
@@ -44,7 +50,13 @@ func BenchmarkCorpus(b *testing.B) {
 				t := radix.NewCompressedTreeSized(int(cp.LogicalWorkers) * scaledBlocks)
 				runtime.GC()
 				b.StartTimer()
-				if err := applyCorpus(t, cp, ops == "all"); err != nil {
+				errs := make([]error, c.writers)
+				var wg sync.WaitGroup
+				for g := range c.writers {
+					wg.Go(func() { errs[g] = applyCorpus(t, cp, c.ops == "all", c.writers, g) })
+				}
+				wg.Wait()
+				if err := errors.Join(errs...); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -53,9 +65,10 @@ func BenchmarkCorpus(b *testing.B) {
 	}
 }
 
-// applyCorpus applies cp's operations to t in order; lookups only if
-// queries. Errors are the corpus's, never expected.
-func applyCorpus(t *radix.CompressedTree, cp *openloop.Corpus, queries bool) error {
+// applyCorpus applies to t, in order, cp's events of the workers w with w
+// mod writers = g, and its lookups if queries. Errors are the corpus's,
+// never expected.
+func applyCorpus(t *radix.CompressedTree, cp *openloop.Corpus, queries bool, writers, g int) error {
 	var (
 		batch []kvevent.RouterEvent
 		errs  [corpusBatch]error
@@ -70,6 +83,9 @@ func applyCorpus(t *radix.CompressedTree, cp *openloop.Corpus, queries bool) err
 	for i := range cp.Ops {
 		o := &cp.Ops[i]
 		if !o.IsQuery() {
+			if int(o.Worker)%writers != g {
+				continue
+			}
 			if batch = append(batch, kvevent.RouterEvent{WorkerID: o.Worker, Event: o.Event}); len(batch) == corpusBatch {
 				if err := flush(); err != nil {
 					return err
