@@ -84,7 +84,7 @@ type chainDir struct {
 // is inserted, released or copied into a segment being built. Writers on
 // different cores claim into random segments, and a count written by every
 // insert made its header line move between their caches on nearly every
-// claim: two writers ran 1.43 times one on the field's corpus, 1.6 with
+// claim: two writers ran 1.41 times one on the field's corpus, 1.55 with
 // the count sampled (results/README.md). Counting the same entries on the
 // way in and out keeps the estimate unbiased and never negative; the
 // decisions it triggers (grow, merge) count the segment exactly, frozen,
