@@ -1,6 +1,7 @@
 package radix
 
 import (
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -59,6 +60,8 @@ type chainTable struct {
 	keyOf func(loc uint64) (uint64, bool)
 	// ids bounds the run ids a slot takes: 2^24, lower in tests.
 	ids uint64
+	// salt picks the entries a segment's count counts (see chainSeg).
+	salt uint64
 }
 
 // chainDir is an immutable directory: segment i serves the fingerprints
@@ -79,23 +82,24 @@ type chainDir struct {
 // a span a page larger), or a share of a reserved table's (see reserve),
 // and the header fills a cache line.
 //
-// The count is sampled: only an entry whose fingerprint's low
-// countSampleBits are zero counts, for 1<<countSampleBits entries, when it
-// is inserted, released or copied into a segment being built. Writers on
+// The count is sampled: only an entry whose fingerprint the table's salt
+// picks (one in countWeight) counts, for countWeight entries, when it is
+// inserted, released or copied into a segment being built. Writers on
 // different cores claim into random segments, and a count written by every
 // insert made its header line move between their caches on nearly every
 // claim: two writers ran 1.41 times one on the field's corpus, 1.55 with
 // the count sampled (results/README.md). Counting the same entries on the
 // way in and out keeps the estimate unbiased and never negative; the
 // decisions it triggers (grow, merge) count the segment exactly, frozen,
-// before they act.
+// before they act. The salt is random, so that engines cannot choose
+// hashes that all count (the estimate sixteen times the truth would
+// rebuild the segment on every insert).
 type chainSeg struct {
 	slots  []uint64
 	count  atomic.Int64 // slots used (entries and tombstones) | entries<<32, sampled
-	filled int64        // count while being built, unpublished
 	depth  uint8        // its local depth: the directory bits its fingerprints share
 	frozen atomic.Bool  // being split, merged or rebuilt: writers go to the next directory
-	_      [64 - 48]byte
+	_      [64 - 40]byte
 }
 
 func newSeg(depth uint8, slots int) *chainSeg {
@@ -128,8 +132,11 @@ const (
 	countWeight     = 1 << countSampleBits
 )
 
-// counted reports whether entries of fingerprint fp count (see chainSeg).
-func counted(fp uint64) bool { return fp&(countWeight-1) == 0 }
+// counted reports whether entries of fingerprint fp count (see chainSeg):
+// the top bits of a multiplicative mix of fp with the table's salt.
+func (c *chainTable) counted(fp uint64) bool {
+	return (fp^c.salt)*0x9E3779B97F4A7C15>>(64-countSampleBits) == 0
+}
 
 const (
 	segBits  = 12
@@ -172,7 +179,7 @@ func slotFP(v uint64) uint64 { return v >> (slotIDBits + slotOffBits) }
 
 // init makes the table empty: one segment.
 func (c *chainTable) init(keyOf func(loc uint64) (uint64, bool)) {
-	c.keyOf, c.ids = keyOf, 1<<slotIDBits
+	c.keyOf, c.ids, c.salt = keyOf, 1<<slotIDBits, rand.Uint64()
 	c.dir.Store(&chainDir{segs: []*chainSeg{newSeg(0, segSmall)}})
 }
 
@@ -293,7 +300,7 @@ func (c *chainTable) claim(h, loc uint64) bool {
 			}
 		case atomic.CompareAndSwapUint64(&s.slots[empty], 0, v):
 			if !s.frozen.Load() {
-				if counted(fp) && used(s.count.Add(countWeight<<32|countWeight)) > s.maxUsed() {
+				if c.counted(fp) && used(s.count.Add(countWeight<<32|countWeight)) > s.maxUsed() {
 					c.grow(s)
 				}
 				return true
@@ -321,7 +328,7 @@ func (c *chainTable) release(h, loc uint64) {
 				break
 			}
 			if w == v && atomic.CompareAndSwapUint64(&s.slots[i], v, chainTomb) {
-				if counted(fp) && entries(s.count.Add(-countWeight<<32)) < len(s.slots)/8 {
+				if c.counted(fp) && entries(s.count.Add(-countWeight<<32)) < len(s.slots)/8 {
 					c.merge(s)
 				}
 				break
@@ -360,9 +367,9 @@ func (c *chainTable) grow(s *chainSeg) bool {
 	live := countLive(s) // frozen: exact
 	switch {
 	case live < s.maxUsed()/2:
-		c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, len(s.slots), s)})
+		c.publish([]*chainSeg{s}, []*chainSeg{c.rebuilt(s.depth, len(s.slots), s)})
 	case len(s.slots) < segSlots || deepest:
-		c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, segSlots, s)})
+		c.publish([]*chainSeg{s}, []*chainSeg{c.rebuilt(s.depth, segSlots, s)})
 	default:
 		a, b := newSeg(s.depth+1, segSmall), newSeg(s.depth+1, segSmall)
 		s.each(func(v uint64) {
@@ -372,8 +379,8 @@ func (c *chainTable) grow(s *chainSeg) bool {
 				b.put(v)
 			}
 		})
-		a.count.Store(a.filled)
-		b.count.Store(b.filled)
+		c.recount(a)
+		c.recount(b)
 		c.publish([]*chainSeg{s}, []*chainSeg{a, b})
 	}
 	return true
@@ -393,15 +400,15 @@ func (c *chainTable) merge(s *chainSeg) {
 			return
 		}
 		if !b.frozen.CompareAndSwap(false, true) {
-			c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, len(s.slots), s)})
+			c.publish([]*chainSeg{s}, []*chainSeg{c.rebuilt(s.depth, len(s.slots), s)})
 			return
 		}
 		if countLive(s)+countLive(b) >= segSmall*7/8 { // inserts came meanwhile
-			c.publish([]*chainSeg{s}, []*chainSeg{rebuilt(s.depth, len(s.slots), s)})
-			c.publish([]*chainSeg{b}, []*chainSeg{rebuilt(b.depth, len(b.slots), b)})
+			c.publish([]*chainSeg{s}, []*chainSeg{c.rebuilt(s.depth, len(s.slots), s)})
+			c.publish([]*chainSeg{b}, []*chainSeg{c.rebuilt(b.depth, len(b.slots), b)})
 			return
 		}
-		m := rebuilt(s.depth-1, segSmall, s, b)
+		m := c.rebuilt(s.depth-1, segSmall, s, b)
 		c.publish([]*chainSeg{s, b}, []*chainSeg{m})
 		s = m
 	}
@@ -424,13 +431,25 @@ func (c *chainTable) buddy(s *chainSeg) *chainSeg {
 
 // rebuilt returns a segment of the given depth and slots holding the
 // entries of segs (frozen), without their tombstones.
-func rebuilt(depth uint8, slots int, segs ...*chainSeg) *chainSeg {
+func (c *chainTable) rebuilt(depth uint8, slots int, segs ...*chainSeg) *chainSeg {
 	n := newSeg(depth, slots)
 	for _, s := range segs {
 		s.each(n.put)
 	}
-	n.count.Store(n.filled)
+	c.recount(n)
 	return n
+}
+
+// recount sets the count of s, built and not yet published, as the count
+// counts (see chainSeg): it holds entries only.
+func (c *chainTable) recount(s *chainSeg) {
+	n := int64(0)
+	s.each(func(v uint64) {
+		if c.counted(slotFP(v)) {
+			n += countWeight
+		}
+	})
+	s.count.Store(n<<32 | n)
 }
 
 // each calls fn for every entry of s.
@@ -442,17 +461,14 @@ func (s *chainSeg) each(fn func(v uint64)) {
 	}
 }
 
-// put inserts entry v into s, not yet published: plain writes, counted in
-// filled as the count counts it (the caller sets count once).
+// put inserts entry v into s, not yet published: plain writes (the
+// caller counts s once it is built).
 func (s *chainSeg) put(v uint64) {
 	j := s.home(slotFP(v))
 	for s.slots[j] != 0 {
 		j = s.next(j)
 	}
 	s.slots[j] = v
-	if counted(slotFP(v)) {
-		s.filled += countWeight<<32 | countWeight
-	}
 }
 
 // countLive counts s's entries.
