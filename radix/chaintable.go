@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvradix/kvradix/internal/pages"
+	"github.com/kvradix/kvradix/internal/prefetch"
 )
 
 // chainTable maps engine block hashes to the blocks they are the own hash
@@ -234,13 +235,22 @@ func (c *chainTable) find(h uint64) (uint64, bool) {
 	return loc, ok
 }
 
-// peek loads h's home slot, so that its cache miss overlaps others: a
-// writer about to insert several hashes peeks ahead of its inserts.
+// peek loads h's home slot, so that its cache miss overlaps others.
 func (c *chainTable) peek(h uint64) uint64 {
 	fp := fingerprint(h)
 	s := c.segment(fp)
-	i := s.home(fp)
-	return atomic.LoadUint64(&s.slots[i])
+	return atomic.LoadUint64(&s.slots[s.home(fp)])
+}
+
+// prepare asks for h's home slot, to be written: a writer about to claim
+// or release several hashes prepares a few ahead, so that their cache
+// misses overlap and each compare-and-swap finds its line ready to write
+// (a load ahead brought it only to read, and the swap waited for it again:
+// results/README.md).
+func (c *chainTable) prepare(h uint64) {
+	fp := fingerprint(h)
+	s := c.segment(fp)
+	prefetch.Write(&s.slots[s.home(fp)])
 }
 
 // prefetch loads, for hashes about to be looked up, their home slots, then

@@ -240,20 +240,20 @@ func (t *CompressedTree) trim(r *crun, e uint32) {
 		return
 	}
 	eng := *r.eng.Load()
-	for from := e; from < n; from += peekAhead {
-		// Each release is a random line of the table and ends in a
-		// compare-and-swap, after which no load overlaps: load the next
-		// few first.
-		to := min(from+peekAhead, n)
-		for off := from; off < to; off++ {
-			if hasBit(r.claimed, off) {
-				t.chain.peek(eng[off])
-			}
+	// Each release is a random line of the table and ends in a
+	// compare-and-swap, after which no load overlaps: ask for the lines
+	// peekAhead releases ahead.
+	for off := e; off < min(e+peekAhead, n); off++ {
+		if hasBit(r.claimed, off) {
+			t.chain.prepare(eng[off])
 		}
-		for off := from; off < to; off++ {
-			if hasBit(r.claimed, off) {
-				t.chain.release(eng[off], pack(r, off))
-			}
+	}
+	for off := e; off < n; off++ {
+		if q := off + peekAhead; q < n && hasBit(r.claimed, q) {
+			t.chain.prepare(eng[q])
+		}
+		if hasBit(r.claimed, off) {
+			t.chain.release(eng[off], pack(r, off))
 		}
 	}
 	if w := int(e+63) / 64; w <= len(r.claimed) {

@@ -15,7 +15,6 @@ type storeScratch struct {
 	locs  []uint64  // each block's location
 	fresh []bool    // whether the walk made the worker hold the block
 	old   []oldName // names the event moved to other blocks
-	sink  uint64    // where the table's peeks go (see walker.claim)
 }
 
 // oldName is a block a worker named by a hash the event moves elsewhere.
@@ -131,8 +130,9 @@ func (xw *xworker) holdsOwnAt(loc uint64, r *crun, off uint32) bool {
 	return found && hs[i].has(off)
 }
 
-// peekAhead is how many blocks ahead of its inserts a store loads the
-// table's slots.
+// peekAhead is how many blocks ahead of its claims a store asks for the
+// table's slots (chainTable.prepare), and a removal for those it looks up
+// or releases.
 const peekAhead = 8
 
 // walker is the state of a store's walk (pass 1): the run it is in,
@@ -150,7 +150,6 @@ type walker struct {
 	first  int    // that block's index in the event
 	made   uint32 // the first position the walk created in r (n if none)
 	joined int    // blocks the worker holds that it did not
-	sink   uint64 // the table's peeks
 }
 
 // walk places and names every block (pass 1 of store): s.locs, s.fresh
@@ -183,7 +182,6 @@ func (t *CompressedTree) walk(xw *xworker, parent uint64, blocks []kvevent.Store
 	}
 	wk.leave()
 	wk.r.mu.Unlock()
-	s.sink = wk.sink
 	return wk.joined
 }
 
@@ -261,20 +259,20 @@ func (wk *walker) push(b kvevent.StoredBlock, room int) {
 
 // claim makes the blocks the walk created in its run (locked) claim their
 // own hashes in the table, unless other blocks have them. The table's
-// slots are loaded peekAhead at a time before the claims, so that their
+// slots are asked for peekAhead at a time before the claims, so that their
 // cache misses overlap.
 func (wk *walker) claim() {
 	r := wk.r
 	eng := *r.eng.Load()
-	for from := wk.made; from < wk.n; from += peekAhead {
-		to := min(from+peekAhead, wk.n)
-		for p := from; p < to; p++ {
-			wk.sink += wk.t.chain.peek(eng[p])
+	for p := wk.made; p < min(wk.made+peekAhead, wk.n); p++ {
+		wk.t.chain.prepare(eng[p])
+	}
+	for p := wk.made; p < wk.n; p++ {
+		if q := p + peekAhead; q < wk.n {
+			wk.t.chain.prepare(eng[q])
 		}
-		for p := from; p < to; p++ {
-			if wk.t.chain.claim(eng[p], pack(r, p)) {
-				setBit(&r.claimed, p)
-			}
+		if wk.t.chain.claim(eng[p], pack(r, p)) {
+			setBit(&r.claimed, p)
 		}
 	}
 }
