@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"unsafe"
+
+	"github.com/kvradix/kvradix/kvevent"
 )
 
 // testChain is a chainTable over blocks whose engine hashes are fixed in
@@ -286,5 +288,39 @@ func TestChainTableCountSample(t *testing.T) {
 func TestChainSegLayout(t *testing.T) {
 	if n := unsafe.Sizeof(chainSeg{}); n != 64 {
 		t.Fatalf("chainSeg is %d bytes", n)
+	}
+}
+
+// A block's own hash, as the table's lookups read it (keyOf), is there
+// only below its run's published length: a trimmed block keeps its hash
+// in the array (readers may still be in it), but has none, and a run
+// regrown over the trim names its new blocks.
+func TestOwnHashBelowLength(t *testing.T) {
+	tr := NewCompressedTree()
+	ev := func(d kvevent.Data) kvevent.RouterEvent {
+		return kvevent.RouterEvent{WorkerID: 1, Event: kvevent.Event{Data: d}}
+	}
+	blocks := []kvevent.StoredBlock{{BlockHash: 101, TokensHash: 1}, {BlockHash: 102, TokensHash: 2}, {BlockHash: 103, TokensHash: 3}}
+	if err := tr.Apply(ev(kvevent.Stored{Blocks: blocks})); err != nil {
+		t.Fatal(err)
+	}
+	loc, ok := tr.chain.find(103)
+	if !ok {
+		t.Fatal("block 103 not in the table")
+	}
+	if h, ok := tr.ownHash(loc); !ok || h != 103 {
+		t.Fatalf("ownHash of the stored block = %d, %v; want 103", h, ok)
+	}
+	if err := tr.Apply(ev(kvevent.Removed{BlockHashes: []uint64{103}})); err != nil {
+		t.Fatal(err)
+	}
+	if h, ok := tr.ownHash(loc); ok {
+		t.Fatalf("ownHash of the trimmed block = %d; want none", h)
+	}
+	if err := tr.Apply(ev(kvevent.Stored{HasParent: true, ParentHash: 102, Blocks: []kvevent.StoredBlock{{BlockHash: 104, TokensHash: 4}}})); err != nil {
+		t.Fatal(err)
+	}
+	if h, ok := tr.ownHash(loc); !ok || h != 104 {
+		t.Fatalf("ownHash of the block regrown there = %d, %v; want 104", h, ok)
 	}
 }

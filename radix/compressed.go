@@ -230,8 +230,12 @@ type crun struct {
 	serial    uint64 // unique for the tree's life, unlike id
 
 	// eng holds each position's own engine hash (the one the block was
-	// created with; len = cap of keys), written under mu and read
-	// atomically by the table's lookups.
+	// created with; len = cap of keys), written under mu like keys: a
+	// position before the length that covers it is published, and never
+	// again in that array. The table's lookups read it without the lock,
+	// at a position below a length loaded after the array: written before
+	// that length was published, and not since (an array replaced since
+	// was written before its successor's lengths were published).
 	eng atomic.Pointer[[]uint64]
 
 	// Writer-side, under mu.
@@ -284,16 +288,17 @@ func (t *CompressedTree) unpack(loc uint64) (*crun, uint32) {
 
 // ownHash returns the own engine hash of the block at loc, for the
 // table's lookups: false if no run has loc's id or the run is shorter.
+// It loads the array before the length (see crun.eng).
 func (t *CompressedTree) ownHash(loc uint64) (uint64, bool) {
 	r, off := t.unpack(loc)
 	if r == nil {
 		return 0, false
 	}
 	eng := r.eng.Load()
-	if eng == nil || int(off) >= len(*eng) {
+	if eng == nil || off >= r.n.Load() || int(off) >= len(*eng) {
 		return 0, false
 	}
-	return atomic.LoadUint64(&(*eng)[off]), true
+	return (*eng)[off], true
 }
 
 // runTable maps run ids to runs: chunks of runChunk slots that never move

@@ -144,7 +144,8 @@ type walker struct {
 	s      *storeScratch
 	blocks []kvevent.StoredBlock
 	r      *crun
-	ks     []uint64
+	ks     []uint64 // the run's keys and engine hashes, as written
+	eng    []uint64
 	n, off uint32 // the run's length; the position last reached
 	from   uint32 // the position of the first block placed in r
 	first  int    // that block's index in the event
@@ -188,7 +189,7 @@ func (t *CompressedTree) walk(xw *xworker, parent uint64, blocks []kvevent.Store
 // enter starts on r, locked, where block first will be at position from;
 // made: the walk created r.
 func (wk *walker) enter(r *crun, from uint32, first int, made bool) {
-	wk.r, wk.ks, wk.n = r, *r.keys.Load(), r.n.Load()
+	wk.r, wk.ks, wk.eng, wk.n = r, *r.keys.Load(), *r.eng.Load(), r.n.Load()
 	wk.off, wk.from, wk.first = from, from, first
 	wk.made = wk.n
 	if made {
@@ -238,22 +239,21 @@ func (wk *walker) step(i int, room int) {
 // eighth copied a block eight times, by half twice: results/README.md
 // weighs the memory against the time). An array once
 // published past this length (the run was trimmed) is not written again:
-// the run gets a fresh one. The block claims its own hash when the walk
-// leaves the run.
+// the run gets a fresh one. Both arrays are written plainly: nobody reads
+// past the length published (crun.eng). The block claims its own hash
+// when the walk leaves the run.
 func (wk *walker) push(b kvevent.StoredBlock, room int) {
 	r, n := wk.r, wk.n
 	if int(n) == len(wk.ks) || n < r.hw {
 		size := min(int(n)+max(room, int(n), 1), int(wk.t.runLimit))
-		grown := make([]uint64, size)
-		copy(grown, wk.ks[:n])
-		eng := make([]uint64, size)
-		copy(eng, (*r.eng.Load())[:n])
-		r.keys.Store(&grown)
+		ks, eng := make([]uint64, size), make([]uint64, size)
+		copy(ks, wk.ks[:n])
+		copy(eng, wk.eng[:n])
+		r.keys.Store(&ks)
 		r.eng.Store(&eng)
-		wk.ks, r.hw = grown, n
+		wk.ks, wk.eng, r.hw = ks, eng, n
 	}
-	wk.ks[n] = b.TokensHash
-	atomic.StoreUint64(&(*r.eng.Load())[n], b.BlockHash)
+	wk.ks[n], wk.eng[n] = b.TokensHash, b.BlockHash
 	wk.n++
 }
 
@@ -262,8 +262,7 @@ func (wk *walker) push(b kvevent.StoredBlock, room int) {
 // slots are asked for peekAhead at a time before the claims, so that their
 // cache misses overlap.
 func (wk *walker) claim() {
-	r := wk.r
-	eng := *r.eng.Load()
+	r, eng := wk.r, wk.eng
 	for p := wk.made; p < min(wk.made+peekAhead, wk.n); p++ {
 		wk.t.chain.prepare(eng[p])
 	}
@@ -289,23 +288,24 @@ func hasBit(ws []uint64, i uint32) bool {
 	return int(i/64) < len(ws) && ws[i/64]&(1<<(i%64)) != 0
 }
 
-// leave publishes the run's length, makes the worker hold the blocks
-// placed in it and names them; the caller releases the run's lock.
+// leave publishes the run's length, claims the blocks the walk created,
+// makes the worker hold the blocks placed in it and names them; the caller
+// releases the run's lock. The length goes first: the table's lookups
+// read a block's engine hash only below it (crun.eng).
 func (wk *walker) leave() {
 	r := wk.r
-	wk.claim()
 	if wk.n != r.n.Load() {
 		r.n.Store(wk.n)
 		r.hw = max(r.hw, wk.n)
 	}
+	wk.claim()
 	if wk.off < wk.from {
 		return
 	}
 	r.hold(wk.xw, wk.from, wk.off, wk.s.fresh[wk.first:wk.first+int(wk.off-wk.from)+1])
-	eng := *r.eng.Load()
 	for p := wk.from; p <= wk.off; p++ {
 		i := wk.first + int(p-wk.from)
-		wk.name(i, r, p, hasBit(r.claimed, p) && eng[p] == wk.blocks[i].BlockHash)
+		wk.name(i, r, p, hasBit(r.claimed, p) && wk.eng[p] == wk.blocks[i].BlockHash)
 	}
 }
 
