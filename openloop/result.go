@@ -71,7 +71,10 @@ type Result struct {
 
 	// kvradix's keys. LaneCPUNs is the CPU the index used during the run:
 	// the process's, less the issuers' and feeders' (their threads' CPU
-	// clocks), so the lanes, the lookups and the collector working for
+	// clocks over each stretch of their work, and one reading of that
+	// clock a stretch, HarnessClockReadNs, which the stretch's two readings
+	// cost but do not see: see runState.work), so the lanes, the lookups
+	// and the collector working for
 	// them; AchievedBlockOpsPerLaneCPU, the block operations over it, is
 	// what the field calls block-ops/s per lane core. IssuerCPUFraction is
 	// the harness's CPU over the elapsed time × GOMAXPROCS: the share of
@@ -86,6 +89,7 @@ type Result struct {
 	ProcessSysCPUNs            int64   `json:"process_sys_cpu_ns"`
 	PageFaults                 int64   `json:"page_faults"`
 	IndexBuildNs               int64   `json:"index_build_ns"`
+	HarnessClockReadNs         int64   `json:"harness_clock_read_ns"`
 	Index                      string  `json:"index"` // single, pool or compressed
 	Lanes                      int     `json:"lanes"`
 	ElapsedNs                  int64   `json:"elapsed_ns"` // first deadline to the last completion, drain included

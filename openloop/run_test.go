@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvradix/kvradix/internal/rss"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/shardpool"
@@ -156,5 +157,27 @@ func TestProtocolInterrupt(t *testing.T) {
 	r := RunFresh(smallCorpus(t, 1, 1, time.Hour), shardpool.Impl{Name: "single", Lanes: 1}, Protocol{Issuers: 2, QueryLanes: 1}, stop)
 	if !r.Interrupted || r.KeptUp || r.GeneratorValid {
 		t.Fatalf("%+v", r)
+	}
+}
+
+// A stretch of the harness's work charges the harness for the two
+// readings of the clock that measure it: empty stretches one after
+// another cost the process what they charge (without the charge for the
+// readings, about half of it).
+func TestStretchesChargeTheirClock(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the thread's CPU clock is read on Linux only")
+	}
+	s := &runState{}
+	clockRead() // measured once, before the figures
+	use0 := rss.Process()
+	for range 50_000 {
+		s.rest(s.work())
+	}
+	used := rss.Process().Minus(use0).CPUNs
+	charged := s.harnessCPU.Load()
+	if r := float64(charged) / float64(used); r < 0.75 || r > 1.25 {
+		t.Errorf("50,000 empty stretches charged the harness %v of the %v of CPU they took (%.2f of it); want 0.75-1.25",
+			time.Duration(charged), time.Duration(used), r)
 	}
 }
