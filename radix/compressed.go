@@ -415,7 +415,7 @@ func (t *CompressedTree) ApplyBatch(evs []kvevent.RouterEvent, errs []error) {
 	peeked := 0
 	for i, ev := range evs {
 		if i == peeked {
-			peeked = t.peekRemovals(evs, i)
+			peeked = t.peekLookups(evs, i)
 		}
 		if st := t.stripe(ev.WorkerID); st != held {
 			if held != nil {
@@ -431,18 +431,28 @@ func (t *CompressedTree) ApplyBatch(evs []kvevent.RouterEvent, errs []error) {
 	}
 }
 
-// peekRemovals prefetches the lookups of the single-hash removals among
-// the next peekAhead events from evs[from] (vLLM sends one BlockRemoved a
-// hash), as a batched removal prefetches its own (see remove); it returns
-// where it stopped.
-func (t *CompressedTree) peekRemovals(evs []kvevent.RouterEvent, from int) int {
+// peekLookups prefetches the table's first lookup of each of the next
+// peekAhead events from evs[from]: a store's parent, a removal's first
+// hash (vLLM sends one BlockRemoved a hash; an engine evicting a sequence
+// from its tail names, after the first, hashes that follow it, read from
+// the run). The lookups are one an event, a miss after another; asked for
+// together, their misses overlap. It returns where it stopped.
+func (t *CompressedTree) peekLookups(evs []kvevent.RouterEvent, from int) int {
 	to := min(from+peekAhead, len(evs))
 	var hs [peekAhead]uint64
 	n := 0
 	for _, ev := range evs[from:to] {
-		if d, ok := ev.Event.Data.(kvevent.Removed); ok && len(d.BlockHashes) == 1 {
-			hs[n] = d.BlockHashes[0]
-			n++
+		switch d := ev.Event.Data.(type) {
+		case kvevent.Stored:
+			if d.HasParent {
+				hs[n] = d.ParentHash
+				n++
+			}
+		case kvevent.Removed:
+			if len(d.BlockHashes) > 0 {
+				hs[n] = d.BlockHashes[0]
+				n++
+			}
 		}
 	}
 	if n > 1 {

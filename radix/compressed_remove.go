@@ -21,14 +21,18 @@ func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
 	}
 	missing := 0
 	l := leaver{t: t, xw: xw}
-	peeked := 0 // hashes[:peeked] were prefetched
+	peeked := 1 // hashes[:peeked] were prefetched, or are not to be
 	for i, h := range hashes {
 		loc, ok := l.follows(h)
 		own := true
 		if !ok {
 			if i >= peeked {
 				// The lookups were four fifths of a shuffled removal, one
-				// cache miss after another: overlap the next few.
+				// cache miss after another: overlap the next few. Not from
+				// the first hash: an engine evicting a sequence from its
+				// tail names blocks that follow it (see follows), and one
+				// lookup finds them all (ApplyBatch asks for the first
+				// hash's line ahead of the event).
 				peeked = min(i+peekAhead, len(hashes))
 				if peeked-i > 1 {
 					t.chain.prefetch(hashes[i:peeked])
