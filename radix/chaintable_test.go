@@ -284,10 +284,13 @@ func TestChainTableCountSample(t *testing.T) {
 	}
 }
 
-// A segment's header fills one cache line.
+// A segment's header fills two cache lines, the count alone on the second.
 func TestChainSegLayout(t *testing.T) {
-	if n := unsafe.Sizeof(chainSeg{}); n != 64 {
+	if n := unsafe.Sizeof(chainSeg{}); n != 128 {
 		t.Fatalf("chainSeg is %d bytes", n)
+	}
+	if off := unsafe.Offsetof(chainSeg{}.count); off != 64 {
+		t.Fatalf("chainSeg's count is at byte %d", off)
 	}
 }
 
