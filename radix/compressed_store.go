@@ -258,9 +258,9 @@ func (wk *walker) push(b kvevent.StoredBlock, room int) {
 }
 
 // claim makes the blocks the walk created in its run (locked) claim their
-// own hashes in the table, unless other blocks have them. The table's
-// slots are asked for peekAhead at a time before the claims, so that their
-// cache misses overlap.
+// own hashes in the table, unless other blocks have them. Each claim asks
+// for the table's slot of the one peekAhead after it, so that their cache
+// misses overlap.
 func (wk *walker) claim() {
 	r, eng := wk.r, wk.eng
 	for p := wk.made; p < min(wk.made+peekAhead, wk.n); p++ {
