@@ -108,6 +108,7 @@ func testChainTableModel(t *testing.T, reserve int) {
 	if d := c.dir.Load(); d.depth < 6 {
 		t.Fatalf("reserve %d: directory depth %d: the test did not split", reserve, d.depth)
 	}
+	checkHomeSlots(t, c, false)
 	distinct := map[*chainSeg]bool{}
 	for _, s := range c.dir.Load().segs {
 		if n := countLive(s); n != 0 {
@@ -117,6 +118,26 @@ func testChainTableModel(t *testing.T, reserve int) {
 	}
 	if len(distinct) > 1 {
 		t.Fatalf("%d segments left after every release: not merged", len(distinct))
+	}
+}
+
+// checkHomeSlots checks that homeSlot is the home slot a probe starts
+// from, for hashes of every segment, computed (from the reserved slab) or
+// not, as computed says.
+func checkHomeSlots(t *testing.T, c *testChain, computed bool) {
+	t.Helper()
+	d := c.dir.Load()
+	if (d.slab != nil) != computed {
+		t.Fatalf("directory of depth %d has a slab: %v, want %v", d.depth, d.slab != nil, computed)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 100_000 {
+		h := rng.Uint64()
+		fp := fingerprint(h)
+		s := c.segment(fp)
+		if got, want := c.homeSlot(h), &s.slots[s.home(fp)]; got != want {
+			t.Fatalf("homeSlot(%#x) is not the home slot of its segment (depth %d of %d)", h, s.depth, d.depth)
+		}
 	}
 }
 
@@ -143,6 +164,7 @@ func TestChainTableReserve(t *testing.T) {
 	if d := c.dir.Load(); d != reserved {
 		t.Fatalf("the directory changed filling what it was reserved for: depth %d, %d segments", d.depth, len(d.segs))
 	}
+	checkHomeSlots(t, c, true)
 	for id := 1; id <= runs; id++ {
 		for off := range perRun {
 			if got, ok := c.find(c.keys[id][off]); !ok || got != loc(id, off) {
