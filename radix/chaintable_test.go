@@ -349,3 +349,28 @@ func TestOwnHashBelowLength(t *testing.T) {
 		t.Fatalf("ownHash of the block regrown there = %d, %v; want 104", h, ok)
 	}
 }
+
+// A probe from any home visits every slot of its segment once: its home's
+// cache line first, from home on, then each next line in turn.
+func TestChainSegProbeOrder(t *testing.T) {
+	for _, n := range []int{segSmall, segSlots} {
+		s := newSeg(0, n)
+		for _, home := range []int{0, 5, 7, 8, 1234, n - 8, n - 3, n - 1} {
+			seen := make([]bool, n)
+			i := home
+			for k := range n {
+				if seen[i] {
+					t.Fatalf("%d slots, home %d: slot %d visited twice (step %d)", n, home, i, k)
+				}
+				seen[i] = true
+				if line := (home/lineSlots + k/lineSlots) % (n / lineSlots); i/lineSlots != line {
+					t.Fatalf("%d slots, home %d: step %d is slot %d, not in line %d", n, home, k, i, line)
+				}
+				i = s.next(i, home)
+			}
+			if i != home {
+				t.Fatalf("%d slots, home %d: the probe does not come back to its home (%d)", n, home, i)
+			}
+		}
+	}
+}
