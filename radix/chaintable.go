@@ -263,10 +263,11 @@ func (c *chainTable) find(h uint64) (uint64, bool) {
 // homeSlot returns h's home slot. In a reserved directory its address is
 // computed (chainDir.slab); elsewhere it takes the segment's header,
 // slots and length, a load that must complete before the slot's can
-// start. A claim's prefetches ahead waited on those headers, 2 MB of
-// them in a table reserved for the field's corpus, one line per slot
-// asked for: computing the address made the fresh sized store 7% faster
-// and the field's corpus 3% (results/README.md).
+// start. A claim's prefetches ahead waited on those headers (256 KB of
+// them in the table reserved for the field's corpus, in caches the
+// table's lines stream through), one per slot asked for: computing the
+// address made the fresh sized store 7% faster and the field's corpus 3%
+// (results/README.md).
 func (c *chainTable) homeSlot(h uint64) *uint64 {
 	fp := fingerprint(h)
 	d := c.dir.Load()
