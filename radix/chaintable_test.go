@@ -1,6 +1,7 @@
 package radix
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -372,5 +373,39 @@ func TestChainSegProbeOrder(t *testing.T) {
 				t.Fatalf("%d slots, home %d: the probe does not come back to its home (%d)", n, home, i)
 			}
 		}
+	}
+}
+
+// BenchmarkChainTableClaims claims 5.7M random hashes (the field's corpus
+// claims as many) into a table reserved as the corpus's is (4.19M entries
+// at reserveLoad: 2,048 segments, 64 MiB), each home slot asked for ahead
+// hashes before its claim, as walker.claim does, or not at all (ahead=0).
+// It is the table's share of a store with nothing else around it: what
+// a claim costs where every one is a cache miss.
+func BenchmarkChainTableClaims(b *testing.B) {
+	const runs, perRun = 1390, 4096
+	rng := rand.New(rand.NewPCG(1, 2))
+	c := newTestChain(runs, perRun, func(int, int) uint64 { return rng.Uint64() })
+	for _, ahead := range []int{0, 8, 32} {
+		b.Run(fmt.Sprintf("ahead=%d", ahead), func(b *testing.B) {
+			for b.Loop() {
+				b.StopTimer()
+				c.init(c.keyOf)
+				c.reserve(256 * 16384)
+				b.StartTimer()
+				for id := 1; id <= runs; id++ {
+					ks := c.keys[id]
+					for p := range ks {
+						if q := p + ahead; ahead > 0 && q < len(ks) {
+							c.prepare(ks[q])
+						}
+						if !c.claim(ks[p], loc(id, p)) {
+							b.Fatalf("claim %d/%d refused", id, p)
+						}
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(runs*perRun), "ns/claim")
+		})
 	}
 }
