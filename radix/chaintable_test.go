@@ -379,31 +379,39 @@ func TestChainSegProbeOrder(t *testing.T) {
 // BenchmarkChainTableClaims claims 5.7M random hashes (the field's corpus
 // claims as many) into a table reserved as the corpus's is (4.19M entries
 // at reserveLoad: 2,048 segments, 64 MiB), each home slot asked for ahead
-// hashes before its claim, as walker.claim does, or not at all (ahead=0).
-// It is the table's share of a store with nothing else around it: what
-// a claim costs where every one is a cache miss.
+// hashes before its claim, as walker.claim does, or not at all (ahead=0),
+// by one writer or two (disjoint hashes). It is the table's share of a
+// store with nothing else around it: what a claim costs where every one
+// is a cache miss, and what a second core adds to that.
 func BenchmarkChainTableClaims(b *testing.B) {
 	const runs, perRun = 1390, 4096
 	rng := rand.New(rand.NewPCG(1, 2))
 	c := newTestChain(runs, perRun, func(int, int) uint64 { return rng.Uint64() })
-	for _, ahead := range []int{0, 8, 32} {
-		b.Run(fmt.Sprintf("ahead=%d", ahead), func(b *testing.B) {
+	claims := func(ahead, writers, g int) {
+		for id := 1 + g; id <= runs; id += writers {
+			ks := c.keys[id]
+			for p := range ks {
+				if q := p + ahead; ahead > 0 && q < len(ks) {
+					c.prepare(ks[q])
+				}
+				if !c.claim(ks[p], loc(id, p)) {
+					panic(fmt.Sprintf("claim %d/%d refused", id, p))
+				}
+			}
+		}
+	}
+	for _, bc := range []struct{ ahead, writers int }{{0, 1}, {8, 1}, {32, 1}, {8, 2}} {
+		b.Run(fmt.Sprintf("ahead=%d/writers=%d", bc.ahead, bc.writers), func(b *testing.B) {
 			for b.Loop() {
 				b.StopTimer()
 				c.init(c.keyOf)
 				c.reserve(256 * 16384)
 				b.StartTimer()
-				for id := 1; id <= runs; id++ {
-					ks := c.keys[id]
-					for p := range ks {
-						if q := p + ahead; ahead > 0 && q < len(ks) {
-							c.prepare(ks[q])
-						}
-						if !c.claim(ks[p], loc(id, p)) {
-							b.Fatalf("claim %d/%d refused", id, p)
-						}
-					}
+				var wg sync.WaitGroup
+				for g := range bc.writers {
+					wg.Go(func() { claims(bc.ahead, bc.writers, g) })
 				}
+				wg.Wait()
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(runs*perRun), "ns/claim")
 		})
