@@ -299,9 +299,7 @@ func (c *chainTable) prefetch(hs []uint64) {
 		c.peek(h)
 	}
 	for _, h := range hs {
-		fp := fingerprint(h)
-		s := c.segment(fp)
-		if v := atomic.LoadUint64(&s.slots[s.home(fp)]); v != 0 && v != chainTomb && slotFP(v) == fp {
+		if v := c.peek(h); v != 0 && v != chainTomb && slotFP(v) == fingerprint(h) {
 			c.keyOf(decode(v))
 		}
 	}
