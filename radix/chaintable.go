@@ -34,8 +34,11 @@ import (
 // directory takes the fingerprint's top bits and the home slot its low 12.
 // Two entries of one home in one segment share all but the fingerprint's
 // middle bits: 5 of them at 2,048 segments (6M blocks), so a probe reads
-// another block's hash about once in 50; past 65,536 segments none are
-// left, and probes read more but stay exact.
+// another block's hash about once in 25; past 65,536 segments none are
+// left, and probes read more but stay exact. A segment reserved up front
+// takes its homes from 12 bits of the hash that the slots do not keep
+// instead, so that its entries of one home share only the directory's
+// bits (see chainSeg.home).
 //
 // # Concurrency
 //
@@ -109,6 +112,7 @@ type chainDir struct {
 type chainSeg struct {
 	slots  []uint64
 	depth  uint8       // its local depth: the directory bits its fingerprints share
+	spare  bool        // homes from the hashes' spare bits (a reserved segment: see home)
 	frozen atomic.Bool // being split, merged or rebuilt: writers go to the next directory
 	_      [64 - 32]byte
 	count  atomic.Int64 // slots used (entries and tombstones) | entries<<32, sampled
@@ -119,9 +123,20 @@ func newSeg(depth uint8, slots int) *chainSeg {
 	return &chainSeg{slots: make([]uint64, slots), depth: depth}
 }
 
-// home returns fingerprint fp's first slot in s: its low 12 bits scaled
-// to the segment's length.
-func (s *chainSeg) home(fp uint64) int {
+// home returns the first slot in s of a hash of fingerprint fp and spare
+// bits spare (see hashBits). A segment reserve made takes the spare bits,
+// the hash's 12 below its fingerprint. Any other segment is built by
+// rebuilding others, from their slots alone, so it takes the fingerprint's
+// low 12 bits, scaled to its length: two entries of one home there share
+// all of their fingerprint but its middle bits (5 at 2,048 segments), and
+// a probe reads another block's engine hash through keyOf about once in 25
+// claims, a chain of cache misses each (7% of the CPU of the field's
+// corpus's events, profiled). In a reserved segment they share only its
+// directory bits, so a claim nearly never reads one (results/README.md).
+func (s *chainSeg) home(fp, spare uint64) int {
+	if s.spare {
+		return int(spare)
+	}
 	return int((fp & (segSlots - 1)) * uint64(len(s.slots)) >> segBits)
 }
 
@@ -179,9 +194,20 @@ const (
 	maxRunLen = 1 << slotOffBits
 )
 
-// fingerprint returns h's fingerprint: the top 28 bits of a Fibonacci mix
-// (engine hashes in tests are small integers).
-func fingerprint(h uint64) uint64 { return (h * 0x9E3779B97F4A7C15) >> (64 - fpBits) }
+// hashBits returns h's fingerprint, the top 28 bits of a Fibonacci mix
+// (engine hashes in tests are small integers), and its spare bits, the
+// mix's next 12, which reserved segments take their homes from (see
+// chainSeg.home).
+func hashBits(h uint64) (fp, spare uint64) {
+	m := h * 0x9E3779B97F4A7C15
+	return m >> (64 - fpBits), m >> (64 - fpBits - segBits) & (segSlots - 1)
+}
+
+// fingerprint returns h's fingerprint (see hashBits).
+func fingerprint(h uint64) uint64 {
+	fp, _ := hashBits(h)
+	return fp
+}
 
 // encode packs a block's location with its hash's fingerprint; false if
 // the location does not fit a slot (its run id is past 2^24: such a block
@@ -232,7 +258,7 @@ func (c *chainTable) reserve(n int) {
 	heads := make([]chainSeg, 1<<depth)
 	segs := make([]*chainSeg, 1<<depth)
 	for i := range segs {
-		heads[i] = chainSeg{slots: slab[i*segSlots : (i+1)*segSlots : (i+1)*segSlots], depth: depth}
+		heads[i] = chainSeg{slots: slab[i*segSlots : (i+1)*segSlots : (i+1)*segSlots], depth: depth, spare: true}
 		segs[i] = &heads[i]
 	}
 	c.dir.Store(&chainDir{depth: depth, segs: segs, slab: slab})
@@ -255,8 +281,8 @@ func (c *chainTable) segment(fp uint64) *chainSeg {
 
 // find returns the block engine hash h is claimed by.
 func (c *chainTable) find(h uint64) (uint64, bool) {
-	fp := fingerprint(h)
-	loc, _, ok := c.probe(c.segment(fp), h, fp)
+	fp, spare := hashBits(h)
+	loc, _, ok := c.probe(c.segment(fp), h, fp, spare)
 	return loc, ok
 }
 
@@ -269,14 +295,14 @@ func (c *chainTable) find(h uint64) (uint64, bool) {
 // address made the fresh sized store 7% faster and the field's corpus 3%
 // (results/README.md).
 func (c *chainTable) homeSlot(h uint64) *uint64 {
-	fp := fingerprint(h)
+	fp, spare := hashBits(h)
 	d := c.dir.Load()
 	i := fp >> (fpBits - d.depth)
 	if d.slab != nil {
-		return &d.slab[i<<segBits|fp&(segSlots-1)] // a full-size segment's home
+		return &d.slab[i<<segBits|spare] // a reserved segment's home
 	}
 	s := d.segs[i]
-	return &s.slots[s.home(fp)]
+	return &s.slots[s.home(fp, spare)]
 }
 
 // peek loads h's home slot, so that its cache miss overlaps others.
@@ -307,8 +333,8 @@ func (c *chainTable) prefetch(hs []uint64) {
 
 // probe looks for h in s: its location if found, else the first empty
 // slot (-1 if none).
-func (c *chainTable) probe(s *chainSeg, h, fp uint64) (loc uint64, empty int, found bool) {
-	home := s.home(fp)
+func (c *chainTable) probe(s *chainSeg, h, fp, spare uint64) (loc uint64, empty int, found bool) {
+	home := s.home(fp, spare)
 	for i, n := home, 0; n < len(s.slots); i, n = s.next(i, home), n+1 {
 		v := atomic.LoadUint64(&s.slots[i])
 		if v == 0 {
@@ -326,14 +352,14 @@ func (c *chainTable) probe(s *chainSeg, h, fp uint64) (loc uint64, empty int, fo
 // claim makes loc the block h is claimed by, unless h already claims
 // another (or loc cannot be encoded): whether loc is h's now.
 func (c *chainTable) claim(h, loc uint64) bool {
-	fp := fingerprint(h)
+	fp, spare := hashBits(h)
 	v, ok := c.encode(fp, loc)
 	if !ok {
 		return false
 	}
 	for {
 		s := c.segment(fp)
-		got, empty, found := c.probe(s, h, fp)
+		got, empty, found := c.probe(s, h, fp, spare)
 		switch {
 		case found:
 			if !s.frozen.Load() {
@@ -360,14 +386,14 @@ func (c *chainTable) claim(h, loc uint64) bool {
 
 // release deletes h's entry if it is loc's.
 func (c *chainTable) release(h, loc uint64) {
-	fp := fingerprint(h)
+	fp, spare := hashBits(h)
 	v, ok := c.encode(fp, loc)
 	if !ok {
 		return
 	}
 	for {
 		s := c.segment(fp)
-		home := s.home(fp)
+		home := s.home(fp, spare)
 		for i, n := home, 0; n < len(s.slots); i, n = s.next(i, home), n+1 {
 			w := atomic.LoadUint64(&s.slots[i])
 			if w == 0 {
@@ -507,10 +533,11 @@ func (s *chainSeg) each(fn func(v uint64)) {
 	}
 }
 
-// put inserts entry v into s, not yet published: plain writes (the
-// caller counts s once it is built).
+// put inserts entry v into s, not yet published and not reserved (its
+// homes are its fingerprints'): plain writes (the caller counts s once it
+// is built).
 func (s *chainSeg) put(v uint64) {
-	home := s.home(slotFP(v))
+	home := s.home(slotFP(v), 0)
 	j := home
 	for s.slots[j] != 0 {
 		j = s.next(j, home)

@@ -134,11 +134,48 @@ func checkHomeSlots(t *testing.T, c *testChain, computed bool) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for range 100_000 {
 		h := rng.Uint64()
-		fp := fingerprint(h)
+		fp, spare := hashBits(h)
 		s := c.segment(fp)
-		if got, want := c.homeSlot(h), &s.slots[s.home(fp)]; got != want {
+		if got, want := c.homeSlot(h), &s.slots[s.home(fp, spare)]; got != want {
 			t.Fatalf("homeSlot(%#x) is not the home slot of its segment (depth %d of %d)", h, s.depth, d.depth)
 		}
+	}
+}
+
+// A reserved segment spreads hashes of one fingerprint over their spare
+// bits: 2,000 of them, claimed into a table reserved for them, each find
+// its home empty, so that no claim reads a block's hash (keyOf), where a
+// home from the fingerprint would put them all on one and read every
+// block claimed before (about two million reads). Each is found, reading
+// its own block's hash once.
+func TestChainTableSpareHomes(t *testing.T) {
+	const n, fp = 2000, 0xABCDEF1
+	inv := uint64(0x9E3779B97F4A7C15) // the Fibonacci multiplier's inverse mod 2^64, by Newton's method
+	for range 6 {
+		inv *= 2 - 0x9E3779B97F4A7C15*inv
+	}
+	c := newTestChain(1, n, func(_, off int) uint64 { return inv * (fp<<36 | uint64(off)<<24 | 0x5A5A5A) })
+	keyOf, reads := c.keyOf, 0
+	c.keyOf = func(loc uint64) (uint64, bool) { reads++; return keyOf(loc) }
+	c.reserve(n)
+	for off, h := range c.keys[1] {
+		if f, spare := hashBits(h); f != fp || spare != uint64(off) {
+			t.Fatalf("hash %d: fingerprint %#x, spare bits %d", off, f, spare)
+		}
+		if !c.claim(h, loc(1, off)) {
+			t.Fatalf("claim %d refused", off)
+		}
+	}
+	if reads != 0 {
+		t.Fatalf("%d claims of one fingerprint read %d blocks' hashes, want none", n, reads)
+	}
+	for off, h := range c.keys[1] {
+		if got, ok := c.find(h); !ok || got != loc(1, off) {
+			t.Fatalf("find %d: %#x %v", off, got, ok)
+		}
+	}
+	if reads != n {
+		t.Fatalf("%d finds read %d blocks' hashes, want one each", n, reads)
 	}
 }
 
