@@ -74,13 +74,28 @@ type chainTable struct {
 type chainDir struct {
 	depth uint8
 	segs  []*chainSeg
-	// slab is a reserved table's slots while the directory is the one
-	// reserve made, whose segment i has slab's i-th segSlots slots (nil
-	// in any directory published since): a hash's home slot is then found
-	// by arithmetic, without reading its segment's header first (see
+	// slab is a reserved table's slots while any segment reserve made is
+	// still in the directory (nil in any other): the one serving the
+	// fingerprints whose top slabDepth bits are k has slab's k-th segSlots
+	// slots, while reserved says so. For those a hash's home slot is found
+	// by arithmetic, without reading the segment's header first (see
 	// homeSlot).
-	slab []uint64
+	slab      []uint64
+	slabDepth uint8
+	reserved  *slabSet
 }
+
+// slabSet is the reserved segments still in the directory, by their place
+// in the slab: a bit read by every homeSlot, cleared (under the table's
+// mu) when a segment is reshaped. A reader that finds a bit stale asks
+// for the wrong slot ahead, which costs it a miss and nothing else: no
+// probe starts from homeSlot.
+type slabSet struct {
+	bits []atomic.Uint64
+	live int // bits set; under the table's mu
+}
+
+func (r *slabSet) has(k uint64) bool { return r.bits[k/64].Load()&(1<<(k%64)) != 0 }
 
 // chainSeg is one segment: 8-byte slots, 0 empty, chainTomb deleted,
 // read and swapped atomically once published. A segment of segSmall
@@ -161,6 +176,22 @@ func (s *chainSeg) next(i, home int) int {
 // maxUsed is the used slots (entries and tombstones) past which an insert
 // grows s: linear probes stay within a few lines.
 func (s *chainSeg) maxUsed() int { return len(s.slots) * 7 / 8 }
+
+// mergeBelow is the entries, as s's count estimates them, under which s
+// merges with its buddy (see merge): an eighth of its slots, or for a
+// segment reserve made, one counted entry, so that it merges once its
+// count says it is empty. A reserved table is often emptier than
+// reserved (the field's corpus fills its to a third), and merging its
+// segments there, as the first did a quarter of the way into the corpus,
+// gave up their spare bits, and every segment's computed home until the
+// slabSet, for nothing: the slab is held while any is left. Once its
+// workers leave, it empties and merges.
+func (s *chainSeg) mergeBelow() int {
+	if s.spare {
+		return countWeight
+	}
+	return len(s.slots) / 8
+}
 
 // countSampleBits sets the share of entries a segment's count counts (see
 // chainSeg): one in 16, each for 16, an estimate within a few percent of
@@ -248,9 +279,10 @@ const maxReserveDepth = 14
 // fault in no page either (random homes touch every page of a segment
 // after a few entries, so this adds little to what the table would soon
 // hold anyway). The allocations live as long as one reserved segment
-// does. The directory keeps the slots too, so that a home slot's address
-// is computed (chainDir.slab) until a segment is reshaped. Past
-// maxReserveDepth it reserves that much and grows as usual.
+// does. The directory keeps the slots too, so that the address of a home
+// slot in a segment reserve made is computed (chainDir.slab) until that
+// segment is reshaped. Past maxReserveDepth it reserves that much and
+// grows as usual.
 func (c *chainTable) reserve(n int) {
 	depth := reserveDepth(n)
 	slab := make([]uint64, segSlots<<depth)
@@ -261,7 +293,11 @@ func (c *chainTable) reserve(n int) {
 		heads[i] = chainSeg{slots: slab[i*segSlots : (i+1)*segSlots : (i+1)*segSlots], depth: depth, spare: true}
 		segs[i] = &heads[i]
 	}
-	c.dir.Store(&chainDir{depth: depth, segs: segs, slab: slab})
+	reserved := &slabSet{bits: make([]atomic.Uint64, (len(segs)+63)/64), live: len(segs)}
+	for k := range segs {
+		reserved.bits[k/64].Or(1 << (k % 64))
+	}
+	c.dir.Store(&chainDir{depth: depth, segs: segs, slab: slab, slabDepth: depth, reserved: reserved})
 }
 
 // reserveDepth is the directory depth reserve gives n entries.
@@ -286,7 +322,7 @@ func (c *chainTable) find(h uint64) (uint64, bool) {
 	return loc, ok
 }
 
-// homeSlot returns h's home slot. In a reserved directory its address is
+// homeSlot returns h's home slot. In a segment reserve made its address is
 // computed (chainDir.slab); elsewhere it takes the segment's header,
 // slots and length, a load that must complete before the slot's can
 // start. A claim's prefetches ahead waited on those headers (256 KB of
@@ -297,11 +333,12 @@ func (c *chainTable) find(h uint64) (uint64, bool) {
 func (c *chainTable) homeSlot(h uint64) *uint64 {
 	fp, spare := hashBits(h)
 	d := c.dir.Load()
-	i := fp >> (fpBits - d.depth)
 	if d.slab != nil {
-		return &d.slab[i<<segBits|spare] // a reserved segment's home
+		if k := fp >> (fpBits - d.slabDepth); d.reserved.has(k) {
+			return &d.slab[k<<segBits|spare] // a reserved segment's home
+		}
 	}
-	s := d.segs[i]
+	s := d.segs[fp>>(fpBits-d.depth)]
 	return &s.slots[s.home(fp, spare)]
 }
 
@@ -400,7 +437,7 @@ func (c *chainTable) release(h, loc uint64) {
 				break
 			}
 			if w == v && atomic.CompareAndSwapUint64(&s.slots[i], v, chainTomb) {
-				if c.counted(fp) && entries(s.count.Add(-countWeight<<32)) < len(s.slots)/8 {
+				if c.counted(fp) && entries(s.count.Add(-countWeight<<32)) < s.mergeBelow() {
 					c.merge(s)
 				}
 				break
@@ -465,7 +502,7 @@ func (c *chainTable) grow(s *chainSeg) bool {
 func (c *chainTable) merge(s *chainSeg) {
 	for s.depth > 0 {
 		b := c.buddy(s)
-		if b == nil || entries(s.count.Load())+entries(b.count.Load()) >= segSmall/2 {
+		if b == nil || b.spare && entries(b.count.Load()) >= b.mergeBelow() || entries(s.count.Load())+entries(b.count.Load()) >= segSmall/2 {
 			return
 		}
 		if !s.frozen.CompareAndSwap(false, true) {
@@ -560,15 +597,17 @@ func (c *chainTable) publish(olds, parts []*chainSeg) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	d := c.dir.Load()
-	if parts[len(parts)-1].depth > d.depth {
-		segs := make([]*chainSeg, 2*len(d.segs))
+	depth, segs := d.depth, []*chainSeg(nil)
+	if parts[len(parts)-1].depth > depth {
+		depth++
+		segs = make([]*chainSeg, 2*len(d.segs))
 		for i, x := range d.segs {
 			segs[2*i], segs[2*i+1] = x, x
 		}
-		d = &chainDir{depth: d.depth + 1, segs: segs}
 	} else {
-		d = &chainDir{depth: d.depth, segs: slices.Clone(d.segs)}
+		segs = slices.Clone(d.segs)
 	}
+	d = &chainDir{depth: depth, segs: segs, slab: d.unreserve(olds), slabDepth: d.slabDepth, reserved: d.reserved}
 	first, span := len(d.segs), 0
 	for _, o := range olds {
 		first = min(first, slices.Index(d.segs, o))
@@ -578,4 +617,25 @@ func (c *chainTable) publish(olds, parts []*chainSeg) {
 		d.segs[first+i] = parts[i*len(parts)/span]
 	}
 	c.dir.Store(d)
+}
+
+// unreserve clears, in d (the directory, under mu), the bits of the
+// reserved segments among olds, about to be replaced, and returns the slab
+// the next directory keeps: none once no reserved segment is left, so
+// that the slab's memory goes with the last of them.
+func (d *chainDir) unreserve(olds []*chainSeg) []uint64 {
+	if d.slab == nil {
+		return nil
+	}
+	for _, o := range olds {
+		if o.spare {
+			k := slices.Index(d.segs, o) >> (d.depth - d.slabDepth)
+			d.reserved.bits[k/64].And(^uint64(1 << (k % 64)))
+			d.reserved.live--
+		}
+	}
+	if d.reserved.live == 0 {
+		return nil
+	}
+	return d.slab
 }

@@ -181,8 +181,10 @@ func TestChainTableSpareHomes(t *testing.T) {
 
 // A table reserved for n entries takes n without splitting or growing a
 // segment (its directory is the one reserved, segment for segment), finds
-// every one, and merges back to one segment when they leave; a
-// reservation past the cap is capped.
+// every one, still computes the homes of the segments reserve made once
+// one is reshaped, keeps them while a quarter of the entries are left,
+// and merges back to one segment when they leave; a reservation past the
+// cap is capped.
 func TestChainTableReserve(t *testing.T) {
 	const runs, perRun = 100, 4096
 	const n = runs * perRun
@@ -203,12 +205,31 @@ func TestChainTableReserve(t *testing.T) {
 		t.Fatalf("the directory changed filling what it was reserved for: depth %d, %d segments", d.depth, len(d.segs))
 	}
 	checkHomeSlots(t, c, true)
-	for id := 1; id <= runs; id++ {
-		for off := range perRun {
-			if got, ok := c.find(c.keys[id][off]); !ok || got != loc(id, off) {
-				t.Fatalf("find %d/%d: %#x %v", id, off, got, ok)
+	// Reshaping one segment (here a rebuild: it is not half full) leaves
+	// the others' homes computed.
+	if !c.grow(reserved.segs[37]) {
+		t.Fatal("a reserved segment was not reshaped")
+	}
+	if d := c.dir.Load(); d == reserved || d.reserved.live != len(reserved.segs)-1 {
+		t.Fatalf("after a reshape: %d reserved segments left of %d", d.reserved.live, len(reserved.segs))
+	}
+	checkHomeSlots(t, c, true)
+	// Releasing three quarters of the entries (400 left a segment, 25
+	// counted) keeps the reservation; releasing the rest gives it up.
+	for _, left := range []bool{true, false} {
+		for id := 1; id <= runs; id++ {
+			for off := range perRun {
+				if left == (off%4 == 0) {
+					continue
+				}
+				if got, ok := c.find(c.keys[id][off]); !ok || got != loc(id, off) {
+					t.Fatalf("find %d/%d: %#x %v", id, off, got, ok)
+				}
+				c.release(c.keys[id][off], loc(id, off))
 			}
-			c.release(c.keys[id][off], loc(id, off))
+		}
+		if d := c.dir.Load(); left && (d.slab == nil || d.reserved.live != len(reserved.segs)-1) {
+			t.Fatalf("3/4 of the entries released: %d reserved segments left of %d", d.reserved.live, len(reserved.segs)-1)
 		}
 	}
 	if segs := c.dir.Load().segs; slices.ContainsFunc(segs, func(s *chainSeg) bool { return s != segs[0] }) {
