@@ -100,18 +100,13 @@ func (r *crun) setHolders(hs []holder) {
 // leaver drops engine hashes of one worker from the blocks they name,
 // keeping the run of the last one locked while the next is in the same
 // run: tail-first eviction, a run's blocks one after another, takes its
-// lock once, lowers the worker's cut there once, and settles it once.
+// lock once, and settles it once.
 type leaver struct {
 	t    *CompressedTree
 	xw   *xworker
 	r    *crun  // locked, or nil
 	last uint32 // the position in r the worker left last
 	left int    // blocks the worker left
-	// cut is the worker's cut in r, if it still holds blocks there, and
-	// lowest the lowest position it left there since r was locked: the
-	// cut is lowered to it when r is released (see crun.leave).
-	cut    *uint32
-	lowest uint32
 }
 
 // follows returns the block before the one the worker left last, in the
@@ -163,44 +158,35 @@ func (l *leaver) unname(loc uint64, own bool) {
 	if r != l.r {
 		l.release()
 		r.mu.Lock()
-		l.r, l.lowest = r, off
+		l.r = r
 	}
-	l.cut = r.leave(xw, off)
-	l.last, l.lowest = off, min(l.lowest, off)
+	r.leave(xw, off)
+	l.last = off
 	l.left++
 }
 
-// release lowers the worker's cut in the run in hand, then settles and
-// unlocks the run.
+// release settles and unlocks the run in hand.
 func (l *leaver) release() {
-	if l.r == nil {
-		return
+	if l.r != nil {
+		l.t.settle(l.r)
+		l.r = nil
 	}
-	if l.cut != nil && l.lowest < atomic.LoadUint32(l.cut) {
-		atomic.StoreUint32(l.cut, l.lowest)
-	}
-	l.t.settle(l.r)
-	l.r, l.cut = nil, nil
 }
 
-// leave makes xw stop holding position off of r (locked), which it holds,
-// and returns xw's cut in r if it holds blocks there still. The caller
-// lowers the cut to the lowest position it left before it settles or
-// unlocks r: an atomic store a block was a tenth of the field's removals
-// (a full barrier on x86, behind the bit just cleared), and a reader that
-// meets the cut unlowered meanwhile sees the run before the event, as
-// mid-event readers may (see CompressedTree).
-func (r *crun) leave(xw *xworker, off uint32) *uint32 {
+// leave makes xw stop holding position off of r (locked), which it holds.
+func (r *crun) leave(xw *xworker, off uint32) {
 	hs := r.holderArray()
 	i, _ := holderOf(hs, xw)
 	h := &hs[i]
 	h.bits[off/64] &^= 1 << (off % 64)
 	h.held--
+	if off < atomic.LoadUint32(&h.cut) {
+		atomic.StoreUint32(&h.cut, off)
+	}
 	switch {
 	case h.held == 0:
 		r.setHolders(slices.Delete(slices.Clone(hs), i, i+1))
 		delete(xw.runs, r)
-		return nil
 	case off+1 == h.top:
 		// Words above the new top are zero: drop them, so that the next
 		// search for the top starts near it (tail-first eviction stays
@@ -208,7 +194,6 @@ func (r *crun) leave(xw *xworker, off uint32) *uint32 {
 		h.top = highestBit(h.bits)
 		h.bits = h.bits[:(h.top+63)/64]
 	}
-	return &h.cut
 }
 
 // highestBit returns the highest set position + 1 (0 if none).
