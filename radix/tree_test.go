@@ -123,6 +123,13 @@ func FuzzCompressedTree(f *testing.F) {
 	fuzzIndex(f, func() radix.Index { return radix.NewCompressedTree() })
 }
 
+// FuzzCompressedTreeSized fuzzes the compressed tree over a table reserved
+// up front (two segments): homes from the hashes' spare bits, computed home
+// slots, and reserved segments merged once emptied.
+func FuzzCompressedTreeSized(f *testing.F) {
+	fuzzIndex(f, func() radix.Index { return radix.NewCompressedTreeSized(3_000) })
+}
+
 // FuzzCompressedTreeCramped fuzzes the compressed tree's short runs and
 // the workers' own names (NewCompressedTreeCramped).
 func FuzzCompressedTreeCramped(f *testing.F) {
