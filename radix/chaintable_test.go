@@ -244,8 +244,17 @@ func TestChainTableReserve(t *testing.T) {
 
 // Writers claim, find and release at once: blocks of their own, and
 // hashes every writer claims for a block of its own, of which exactly one
-// wins; nothing is lost through the splits their inserts cause.
+// wins; nothing is lost through the splits their inserts cause. Each asks
+// for its claim's home slot first, as a store does; over a table reserved
+// for part of the entries, too, whose reserved segments split and merge
+// under them.
 func TestChainTableConcurrent(t *testing.T) {
+	for _, reserve := range []int{0, 4_000} {
+		t.Run(fmt.Sprintf("reserve=%d", reserve), func(t *testing.T) { testChainTableConcurrent(t, reserve) })
+	}
+}
+
+func testChainTableConcurrent(t *testing.T, reserve int) {
 	const writers, perRun, shared = 4, maxRunLen, 2_000
 	c := newTestChain(writers, perRun, func(id, off int) uint64 {
 		if off < shared {
@@ -253,6 +262,9 @@ func TestChainTableConcurrent(t *testing.T) {
 		}
 		return uint64(id)<<32 | uint64(off)
 	})
+	if reserve > 0 {
+		c.reserve(reserve)
+	}
 	won := make([][]bool, writers+1)
 	var wg sync.WaitGroup
 	for id := 1; id <= writers; id++ {
@@ -261,6 +273,7 @@ func TestChainTableConcurrent(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(id), 0))
 			for off := range perRun {
 				h := c.keys[id][off]
+				c.prepare(h)
 				won[id][off] = c.claim(h, loc(id, off))
 				if off >= shared && !won[id][off] {
 					t.Errorf("writer %d lost its own hash %#x", id, h)
@@ -294,6 +307,10 @@ func TestChainTableConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	if d := c.dir.Load(); reserve > 0 && d.slab != nil && d.reserved.live == 1<<d.slabDepth {
+		t.Fatal("no reserved segment was reshaped under the writers")
+	}
+	checkHomeSlots(t, c, c.dir.Load().slab != nil)
 	for off := range shared {
 		winners := 0
 		for id := 1; id <= writers; id++ {
