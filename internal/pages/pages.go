@@ -1,6 +1,8 @@
 // Package pages makes memory resident before its first use.
 package pages
 
+import "runtime"
+
 // pageWords is the 8-byte words in a 4 KiB page, the smallest page of
 // the systems we run on.
 const pageWords = 4096 / 8
@@ -19,4 +21,22 @@ func Fault(b []uint64) {
 	for i := 0; i < len(b); i += pageWords {
 		b[i] = 0
 	}
+}
+
+// Warm makes about n bytes of Go's heap resident ahead of allocations
+// that will grow into them: it allocates them, writes a word of every
+// page, and drops them in a collection (runtime.GC, which returns their
+// pages to the heap free but resident), so that the allocations that
+// follow, which the runtime places at the lowest free addresses, take no
+// page fault. It is for a structure about to grow by about n bytes, made
+// once: the collection blocks the caller. The runtime's scavenger returns
+// free memory past its goal (about twice the live heap, at GOGC=100) to
+// the system in the background, so Warm is for n within what is live
+// already, used soon after.
+func Warm(n int) {
+	if n <= 0 {
+		return
+	}
+	Fault(make([]uint64, (n+7)/8)) // garbage once written
+	runtime.GC()
 }
