@@ -483,13 +483,11 @@ func (c *chainTable) grow(s *chainSeg) bool {
 		a, b := newSeg(s.depth+1, segSmall), newSeg(s.depth+1, segSmall)
 		s.each(func(v uint64) {
 			if slotFP(v)>>(fpBits-a.depth)&1 == 0 {
-				a.put(v)
+				c.put(a, v)
 			} else {
-				b.put(v)
+				c.put(b, v)
 			}
 		})
-		c.recount(a)
-		c.recount(b)
 		c.publish([]*chainSeg{s}, []*chainSeg{a, b})
 	}
 	return true
@@ -543,22 +541,9 @@ func (c *chainTable) buddy(s *chainSeg) *chainSeg {
 func (c *chainTable) rebuilt(depth uint8, slots int, segs ...*chainSeg) *chainSeg {
 	n := newSeg(depth, slots)
 	for _, s := range segs {
-		s.each(n.put)
+		s.each(func(v uint64) { c.put(n, v) })
 	}
-	c.recount(n)
 	return n
-}
-
-// recount sets the count of s, built and not yet published, as the count
-// counts (see chainSeg): it holds entries only.
-func (c *chainTable) recount(s *chainSeg) {
-	n := int64(0)
-	s.each(func(v uint64) {
-		if c.counted(slotFP(v)) {
-			n += countWeight
-		}
-	})
-	s.count.Store(n<<32 | n)
 }
 
 // each calls fn for every entry of s.
@@ -571,15 +556,20 @@ func (s *chainSeg) each(fn func(v uint64)) {
 }
 
 // put inserts entry v into s, not yet published and not reserved (its
-// homes are its fingerprints'): plain writes (the caller counts s once it
-// is built).
-func (s *chainSeg) put(v uint64) {
+// homes are its fingerprints'), with plain writes, and counts it as the
+// count counts (see chainSeg): as it is built, in the pass that fills it,
+// rather than in a second over its slots (a fresh grown table spent 6% of
+// its stores recounting).
+func (c *chainTable) put(s *chainSeg, v uint64) {
 	home := s.home(slotFP(v), 0)
 	j := home
 	for s.slots[j] != 0 {
 		j = s.next(j, home)
 	}
 	s.slots[j] = v
+	if c.counted(slotFP(v)) {
+		s.count.Add(countWeight<<32 | countWeight)
+	}
 }
 
 // countLive counts s's entries.
