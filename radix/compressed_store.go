@@ -320,6 +320,7 @@ func (wk *walker) name(i int, r *crun, p uint32, own bool) {
 	if own {
 		// The block's own hash: the worker names no other block by it,
 		// unless by a name of its own.
+		wk.s.keepOwn(loc)
 		if q, ok := xw.xnames[h]; ok {
 			delete(xw.xnames, h)
 			wk.s.old = append(wk.s.old, oldName{q, false})
@@ -347,6 +348,16 @@ func (wk *walker) name(i int, r *crun, p uint32, own bool) {
 	xw.xcount[loc] = c
 	if ok {
 		wk.s.old = append(wk.s.old, oldName{q, qOwn})
+	}
+}
+
+// keepOwn drops from s.old the block at loc's own name, if the event moved
+// it elsewhere earlier (an event may name a block it stores later by its
+// own hash first: "12, 13, 12" over blocks whose own hashes are 10, 11,
+// 12): the event names the block by it again, so the block keeps it.
+func (s *storeScratch) keepOwn(loc uint64) {
+	if i := slices.Index(s.old, oldName{loc, true}); i >= 0 {
+		s.old = slices.Delete(s.old, i, i+1)
 	}
 }
 

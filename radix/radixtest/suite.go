@@ -191,6 +191,24 @@ func Run(t *testing.T, newIndex func() radix.Index) {
 			wantSize: 1,
 		},
 		{
+			// Hash 12 moves from block 3 to block 1 and back within the
+			// second event: block 3 keeps it (found by fuzzing).
+			name:     "an engine hash moved away and back within one event stays",
+			steps:    []step{ev(Stored(w1, -1, 10, 1, 11, 1, 12, 1), nil), ev(Stored(w1, -1, 12, 1, 13, 1, 12, 1), nil)},
+			query:    []uint64{1, 1, 1},
+			want:     Scores{w1: 3},
+			wantSize: 3,
+		},
+		{
+			// Hash 12 moves from block 3 to 1, back, then on to block 5:
+			// block 3 is left (a hole), the others held.
+			name:     "an engine hash moved away, back and away again within one event",
+			steps:    []step{ev(Stored(w1, -1, 10, 1, 11, 1, 12, 1, 14, 1, 16, 1), nil), ev(Stored(w1, -1, 12, 1, 13, 1, 12, 1, 15, 1, 12, 1), nil), ev(Removed(w1, 12), nil)},
+			query:    []uint64{1, 1, 1, 1, 1},
+			want:     Scores{w1: 2},
+			wantSize: 4,
+		},
+		{
 			name:     "an engine hash stored at another block moves there",
 			steps:    []step{ev(Stored(w1, -1, 10, 1), nil), ev(Stored(w1, -1, 10, 2), nil)},
 			query:    []uint64{1},
