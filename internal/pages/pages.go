@@ -24,19 +24,33 @@ func Fault(b []uint64) {
 }
 
 // Warm makes about n bytes of Go's heap resident ahead of allocations
-// that will grow into them: it allocates them, writes a word of every
-// page, and drops them in a collection (runtime.GC, which returns their
-// pages to the heap free but resident), so that the allocations that
-// follow, which the runtime places at the lowest free addresses, take no
-// page fault. It is for a structure about to grow by about n bytes, made
-// once: the collection blocks the caller. The runtime's scavenger returns
-// free memory past its goal (about twice the live heap, at GOGC=100) to
-// the system in the background, so Warm is for n within what is live
-// already, used soon after.
+// that will grow into them: it allocates them in chunks of warmChunk,
+// writes a word of every page, and drops them in a collection (runtime.GC,
+// which returns their pages to the heap free but resident), so that the
+// allocations that follow take no page fault. The runtime places an
+// allocation at the lowest free addresses that fit, free pages returned to
+// the system or not; chunks fill those first as the allocations after
+// them will, where one large allocation would take a range above holes a
+// long-running heap leaves (a test's third run faulted in every page it
+// wrote after warming so). It is for a structure about to grow by about n
+// bytes, made once: the collection blocks the caller. The runtime's
+// scavenger returns free memory past its goal (about twice the live heap,
+// at GOGC=100) to the system in the background, so Warm is for n within
+// what is live already, used soon after.
 func Warm(n int) {
 	if n <= 0 {
 		return
 	}
-	Fault(make([]uint64, (n+7)/8)) // garbage once written
+	chunks := make([][]uint64, 0, (n+warmChunk-1)/warmChunk)
+	for left := n; left > 0; left -= warmChunk {
+		c := make([]uint64, (min(left, warmChunk)+7)/8)
+		Fault(c)
+		chunks = append(chunks, c)
+	}
+	runtime.KeepAlive(chunks) // each held until the last is placed
 	runtime.GC()
 }
+
+// warmChunk is the bytes Warm allocates at a time: a span of its own (past
+// Go's 32 KiB of small objects), small enough to fill a heap's holes.
+const warmChunk = 64 << 10
