@@ -111,7 +111,7 @@ func testChainTableModel(t *testing.T, reserve int) {
 	}
 	checkHomeSlots(t, c, false)
 	distinct := map[*chainSeg]bool{}
-	for _, s := range c.dir.Load().segs {
+	for _, s := range c.dir.Load().loaded() {
 		if n := countLive(s); n != 0 {
 			t.Fatalf("a segment holds %d entries after every release", n)
 		}
@@ -197,6 +197,7 @@ func TestChainTableReserve(t *testing.T) {
 	c := newTestChain(runs, perRun, func(id, off int) uint64 { return uint64(id)<<40 | uint64(off)*0x9E3779B97F4A7C15>>24 })
 	c.reserve(n)
 	reserved := c.dir.Load()
+	segs := reserved.loaded()
 	if reserved.depth != 8 || len(reserved.segs) != 256 {
 		t.Fatalf("reserved depth %d, %d segments; want 8, 256 (%d entries at load %v)", reserved.depth, len(reserved.segs), n, reserveLoad)
 	}
@@ -207,16 +208,16 @@ func TestChainTableReserve(t *testing.T) {
 			}
 		}
 	}
-	if d := c.dir.Load(); d != reserved {
+	if d := c.dir.Load(); d != reserved || !slices.Equal(d.loaded(), segs) {
 		t.Fatalf("the directory changed filling what it was reserved for: depth %d, %d segments", d.depth, len(d.segs))
 	}
 	checkHomeSlots(t, c, true)
 	// Reshaping one segment (here a rebuild: it is not half full) leaves
 	// the others' homes computed.
-	if !c.grow(reserved.segs[37]) {
+	if old := reserved.segs[37].Load(); !c.grow(old) || c.dir.Load().segs[37].Load() == old {
 		t.Fatal("a reserved segment was not reshaped")
 	}
-	if d := c.dir.Load(); d == reserved || d.reserved.live != len(reserved.segs)-1 {
+	if d := c.dir.Load(); d.reserved.live != len(reserved.segs)-1 {
 		t.Fatalf("after a reshape: %d reserved segments left of %d", d.reserved.live, len(reserved.segs))
 	}
 	checkHomeSlots(t, c, true)
@@ -238,7 +239,7 @@ func TestChainTableReserve(t *testing.T) {
 			t.Fatalf("3/4 of the entries released: %d reserved segments left of %d", d.reserved.live, len(reserved.segs)-1)
 		}
 	}
-	if segs := c.dir.Load().segs; slices.ContainsFunc(segs, func(s *chainSeg) bool { return s != segs[0] }) {
+	if segs := c.dir.Load().loaded(); slices.ContainsFunc(segs, func(s *chainSeg) bool { return s != segs[0] }) {
 		t.Fatal("segments left unmerged after every release")
 	}
 	for n, want := range map[int]uint8{0: 0, 2867: 0, 2868: 1, 5_660_000: 11, 1 << 40: maxReserveDepth} {
@@ -377,8 +378,9 @@ func TestChainTableCountSample(t *testing.T) {
 		}
 	}
 	estimate, live := 0, 0
-	for i, s := range c.dir.Load().segs {
-		if i == 0 || s != c.dir.Load().segs[i-1] {
+	segs := c.dir.Load().loaded()
+	for i, s := range segs {
+		if i == 0 || s != segs[i-1] {
 			estimate += entries(s.count.Load())
 			live += countLive(s)
 		}

@@ -340,11 +340,20 @@ func claimedCount(t *CompressedTree) int {
 	return n
 }
 
+// loaded returns d's segments, slot by slot.
+func (d *chainDir) loaded() []*chainSeg {
+	segs := make([]*chainSeg, len(d.segs))
+	for i := range segs {
+		segs[i] = d.segs[i].Load()
+	}
+	return segs
+}
+
 // strayEntries describes the table's entries no block claims.
 func strayEntries(t *CompressedTree) string {
 	var out []string
 	seen := map[*chainSeg]bool{}
-	for _, s := range t.chain.dir.Load().segs {
+	for _, s := range t.chain.dir.Load().loaded() {
 		if seen[s] {
 			continue
 		}
@@ -365,7 +374,7 @@ func strayEntries(t *CompressedTree) string {
 
 func chainEntries(t *CompressedTree) int {
 	n, seen := 0, map[*chainSeg]bool{}
-	for _, s := range t.chain.dir.Load().segs {
+	for _, s := range t.chain.dir.Load().loaded() {
 		if !seen[s] {
 			seen[s] = true
 			n += countLive(s)
