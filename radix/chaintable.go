@@ -66,6 +66,11 @@ type chainTable struct {
 	ids uint64
 	// salt picks the entries a segment's count counts (see chainSeg).
 	salt uint64
+	// seed is mixed into every hash's fingerprint (see hashBits).
+	seed uint64
+	// nsegs is the segments in the directory (under mu): it bounds the
+	// directory's doubling (see splits).
+	nsegs int
 }
 
 // chainDir is a directory: segment i serves the fingerprints whose top
@@ -127,13 +132,14 @@ func (r *slabSet) has(k uint64) bool { return r.bits[k/64].Load()&(1<<(k%64)) !=
 // and the length beside it: the count has its own line (two writers 8%
 // faster on the field's corpus, results/README.md).
 type chainSeg struct {
-	slots  []uint64
-	depth  uint8       // its local depth: the directory bits its fingerprints share
-	spare  bool        // homes from the hashes' spare bits (a reserved segment: see home)
-	frozen atomic.Bool // being split, merged or rebuilt: writers go to the next directory
-	_      [64 - 32]byte
-	count  atomic.Int64 // slots used (entries and tombstones) | entries<<32, sampled
-	_      [64 - 8]byte
+	slots   []uint64
+	depth   uint8       // its local depth: the directory bits its fingerprints share
+	spare   bool        // homes from the hashes' spare bits (a reserved segment: see home)
+	crowded bool        // full-size, and splitting it would not make room (see grow)
+	frozen  atomic.Bool // being split, merged or rebuilt: writers go to the next directory
+	_       [64 - 32]byte
+	count   atomic.Int64 // slots used (entries and tombstones) | entries<<32, sampled
+	_       [64 - 8]byte
 }
 
 func newSeg(depth uint8, slots int) *chainSeg {
@@ -228,17 +234,22 @@ const (
 )
 
 // hashBits returns h's fingerprint, the top 28 bits of a Fibonacci mix
-// (engine hashes in tests are small integers), and its spare bits, the
-// mix's next 12, which reserved segments take their homes from (see
-// chainSeg.home).
-func hashBits(h uint64) (fp, spare uint64) {
-	m := h * 0x9E3779B97F4A7C15
+// of h and the table's random seed (engine hashes in tests are small
+// integers), and its spare bits, the mix's next 12, which reserved
+// segments take their homes from (see chainSeg.home). Without the seed an
+// engine could choose hashes of one fingerprint (the mix is invertible):
+// their entries all share one segment and one home, and probing them
+// reads every one's block. Behind the seed's XOR the difference of two
+// hashes' mixes depends on the seed's bits, and two chosen hashes share a
+// fingerprint as two random ones do, one pair in 2^28.
+func (c *chainTable) hashBits(h uint64) (fp, spare uint64) {
+	m := (h ^ c.seed) * 0x9E3779B97F4A7C15
 	return m >> (64 - fpBits), m >> (64 - fpBits - segBits) & (segSlots - 1)
 }
 
 // fingerprint returns h's fingerprint (see hashBits).
-func fingerprint(h uint64) uint64 {
-	fp, _ := hashBits(h)
+func (c *chainTable) fingerprint(h uint64) uint64 {
+	fp, _ := c.hashBits(h)
 	return fp
 }
 
@@ -262,7 +273,7 @@ func slotFP(v uint64) uint64 { return v >> (slotIDBits + slotOffBits) }
 
 // init makes the table empty: one segment.
 func (c *chainTable) init(keyOf func(loc uint64) (uint64, bool)) {
-	c.keyOf, c.ids, c.salt = keyOf, 1<<slotIDBits, rand.Uint64()
+	c.keyOf, c.ids, c.salt, c.seed, c.nsegs = keyOf, 1<<slotIDBits, rand.Uint64(), rand.Uint64(), 1
 	d := &chainDir{segs: make([]atomic.Pointer[chainSeg], 1)}
 	d.segs[0].Store(newSeg(0, segSmall))
 	c.dir.Store(d)
@@ -302,6 +313,7 @@ func (c *chainTable) reserve(n int) {
 		reserved.bits[k/64].Or(1 << (k % 64))
 	}
 	c.dir.Store(&chainDir{depth: depth, segs: segs, slab: slab, slabDepth: depth, reserved: reserved})
+	c.nsegs = len(segs)
 }
 
 // reserveDepth is the directory depth reserve gives n entries.
@@ -331,7 +343,7 @@ func (d *chainDir) index(s *chainSeg) int {
 
 // find returns the block engine hash h is claimed by.
 func (c *chainTable) find(h uint64) (uint64, bool) {
-	fp, spare := hashBits(h)
+	fp, spare := c.hashBits(h)
 	loc, _, ok := c.probe(c.segment(fp), h, fp, spare)
 	return loc, ok
 }
@@ -345,7 +357,7 @@ func (c *chainTable) find(h uint64) (uint64, bool) {
 // address made the fresh sized store 7% faster and the field's corpus 3%
 // (results/README.md).
 func (c *chainTable) homeSlot(h uint64) *uint64 {
-	fp, spare := hashBits(h)
+	fp, spare := c.hashBits(h)
 	d := c.dir.Load()
 	if d.slab != nil {
 		if k := fp >> (fpBits - d.slabDepth); d.reserved.has(k) {
@@ -376,7 +388,7 @@ func (c *chainTable) prefetch(hs []uint64) {
 		c.peek(h)
 	}
 	for _, h := range hs {
-		if v := c.peek(h); v != 0 && v != chainTomb && slotFP(v) == fingerprint(h) {
+		if v := c.peek(h); v != 0 && v != chainTomb && slotFP(v) == c.fingerprint(h) {
 			c.keyOf(decode(v))
 		}
 	}
@@ -403,7 +415,7 @@ func (c *chainTable) probe(s *chainSeg, h, fp, spare uint64) (loc uint64, empty 
 // claim makes loc the block h is claimed by, unless h already claims
 // another (or loc cannot be encoded): whether loc is h's now.
 func (c *chainTable) claim(h, loc uint64) bool {
-	fp, spare := hashBits(h)
+	fp, spare := c.hashBits(h)
 	v, ok := c.encode(fp, loc)
 	if !ok {
 		return false
@@ -437,7 +449,7 @@ func (c *chainTable) claim(h, loc uint64) bool {
 
 // release deletes h's entry if it is loc's.
 func (c *chainTable) release(h, loc uint64) {
-	fp, spare := hashBits(h)
+	fp, spare := c.hashBits(h)
 	v, ok := c.encode(fp, loc)
 	if !ok {
 		return
@@ -480,19 +492,23 @@ func entries(count int64) int { return int(count >> 32) }
 // grow makes room in s, unless another writer is doing so: it rebuilds
 // s without its tombstones if they are most of what it holds, else grows
 // a small segment to full size, or splits a full-size one in two small
-// ones. False if s can do none of these (full of entries at the deepest
-// directory).
+// ones where that makes room (see splits), or else rebuilds it, crowded.
+// False if s is crowded and still full of entries: a claim there finding
+// no empty slot is refused, and its block's names are its workers' own.
 func (c *chainTable) grow(s *chainSeg) bool {
-	deepest := s.depth == fpBits
-	if deepest && len(s.slots) == segSlots && countLive(s) >= segMaxUsed || !s.frozen.CompareAndSwap(false, true) {
+	if s.crowded && countLive(s) >= segMaxUsed || !s.frozen.CompareAndSwap(false, true) {
 		return s.frozen.Load()
 	}
 	live := countLive(s) // frozen: exact
 	switch {
 	case live < s.maxUsed()/2:
 		c.publish([]*chainSeg{s}, []*chainSeg{c.rebuilt(s.depth, len(s.slots), s)})
-	case len(s.slots) < segSlots || deepest:
+	case len(s.slots) < segSlots:
 		c.publish([]*chainSeg{s}, []*chainSeg{c.rebuilt(s.depth, segSlots, s)})
+	case !c.splits(s, live):
+		n := c.rebuilt(s.depth, segSlots, s)
+		n.crowded = true
+		c.publish([]*chainSeg{s}, []*chainSeg{n})
 	default:
 		a, b := newSeg(s.depth+1, segSmall), newSeg(s.depth+1, segSmall)
 		s.each(func(v uint64) {
@@ -505,6 +521,41 @@ func (c *chainTable) grow(s *chainSeg) bool {
 		c.publish([]*chainSeg{s}, []*chainSeg{a, b})
 	}
 	return true
+}
+
+// Bounds on a directory's doubling (see splits): it may double while it
+// has fewer than maxFreeDir slots (512 KiB), and past that while it has
+// at most dirPerSeg slots a segment.
+const (
+	maxFreeDir = 1 << 16
+	dirPerSeg  = 64
+)
+
+// splits reports whether splitting s (frozen, full size, holding live
+// entries) makes room: each half must fit a small segment at most at the
+// load at which it grows, and take at least an eighth of the entries; and
+// a split that doubles the directory must leave it within its bounds.
+// None fails by chance: the halves of a segment's random fingerprints
+// differ by tens of entries, not thousands, and an honest table has about
+// a segment a directory slot. An
+// engine choosing its hashes could only fail them if it knew the seed (see
+// hashBits). Without these checks, entries of one fingerprint past a small
+// segment's slots made a split loop forever putting them in one half, and
+// entries sharing ever longer prefixes doubled the directory at every
+// split, to 2 GiB at the deepest.
+func (c *chainTable) splits(s *chainSeg, live int) bool {
+	if s.depth == fpBits {
+		return false
+	}
+	ones := 0
+	s.each(func(v uint64) { ones += int(slotFP(v) >> (fpBits - 1 - s.depth) & 1) })
+	if max(ones, live-ones) > segSmall*7/8 || min(ones, live-ones) < live/8 {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d := c.dir.Load()
+	return s.depth < d.depth || len(d.segs) < maxFreeDir || c.nsegs*dirPerSeg >= len(d.segs)
 }
 
 // merge joins s, left with few entries, with its buddy (the segment of the
@@ -625,6 +676,7 @@ func (c *chainTable) publish(olds, parts []*chainSeg) {
 	if fresh {
 		c.dir.Store(d)
 	}
+	c.nsegs += len(parts) - len(olds)
 }
 
 // copied returns a copy of d (under the table's mu), doubled if deeper,

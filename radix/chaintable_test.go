@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/kvradix/kvradix/kvevent"
@@ -134,7 +135,7 @@ func checkHomeSlots(t *testing.T, c *testChain, computed bool) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for range 100_000 {
 		h := rng.Uint64()
-		fp, spare := hashBits(h)
+		fp, spare := c.hashBits(h)
 		s := c.segment(fp)
 		if got, want := c.homeSlot(h), &s.slots[s.home(fp, spare)]; got != want {
 			t.Fatalf("homeSlot(%#x) is not the home slot of its segment (depth %d of %d)", h, s.depth, d.depth)
@@ -155,6 +156,7 @@ func TestChainTableSpareHomes(t *testing.T) {
 		inv *= 2 - 0x9E3779B97F4A7C15*inv
 	}
 	c := newTestChain(1, n, func(_, off int) uint64 { return inv * (fp<<36 | uint64(off)<<24 | 0x5A5A5A) })
+	c.seed = 0 // the fingerprints chosen
 	keyOf, reads := c.keyOf, 0
 	c.keyOf = func(loc uint64) (uint64, bool) { reads++; return keyOf(loc) }
 	for c.counted(fp) {
@@ -165,7 +167,7 @@ func TestChainTableSpareHomes(t *testing.T) {
 	}
 	c.reserve(n)
 	for off, h := range c.keys[1] {
-		if f, spare := hashBits(h); f != fp || spare != uint64(off) {
+		if f, spare := c.hashBits(h); f != fp || spare != uint64(off) {
 			t.Fatalf("hash %d: fingerprint %#x, spare bits %d", off, f, spare)
 		}
 		if !c.claim(h, loc(1, off)) {
@@ -348,8 +350,8 @@ func TestChainTableEncodes(t *testing.T) {
 		t.Fatal("claimed a location past the slot's bits")
 	}
 	for _, l := range []uint64{loc(1, 0), loc(1<<slotIDBits-1, maxRunLen-1)} {
-		v, ok := c.encode(fingerprint(42), l)
-		if !ok || decode(v) != l || slotFP(v) != fingerprint(42) {
+		v, ok := c.encode(c.fingerprint(42), l)
+		if !ok || decode(v) != l || slotFP(v) != c.fingerprint(42) {
 			t.Fatalf("encode %#x: %#x %v", l, v, ok)
 		}
 	}
@@ -363,13 +365,15 @@ func TestChainTableCountSample(t *testing.T) {
 	const runs, perRun = 5, 4000
 	const n = runs * perRun
 	rng := rand.New(rand.NewPCG(3, 4))
+	var unseeded chainTable
 	c := newTestChain(runs, perRun, func(int, int) uint64 {
 		for {
-			if h := rng.Uint64(); fingerprint(h)&(countWeight-1) == 0 {
+			if h := rng.Uint64(); unseeded.fingerprint(h)&(countWeight-1) == 0 {
 				return h
 			}
 		}
 	})
+	c.seed = 0 // the fingerprints chosen
 	for id := 1; id <= runs; id++ {
 		for off := range perRun {
 			if !c.claim(c.keys[id][off], loc(id, off)) {
@@ -499,4 +503,156 @@ func BenchmarkChainTableClaims(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(runs*perRun), "ns/claim")
 		})
 	}
+}
+
+// fibInverse is the Fibonacci multiplier's inverse mod 2^64, by Newton's
+// method: inv * (fp<<36 | x) has fingerprint fp in an unseeded table.
+func fibInverse() uint64 {
+	inv := uint64(0x9E3779B97F4A7C15)
+	for range 6 {
+		inv *= 2 - 0x9E3779B97F4A7C15*inv
+	}
+	return inv
+}
+
+// claimAll claims every key of c, within a minute: the locations it
+// refused.
+func claimAll(t *testing.T, c *testChain) (refused map[uint64]bool) {
+	t.Helper()
+	done := make(chan map[uint64]bool)
+	go func() {
+		refused := map[uint64]bool{}
+		for id := 1; id < len(c.keys); id++ {
+			for off, h := range c.keys[id] {
+				if !c.claim(h, loc(id, off)) {
+					refused[loc(id, off)] = true
+				}
+			}
+		}
+		done <- refused
+	}()
+	select {
+	case refused = <-done:
+		return refused
+	case <-time.After(time.Minute):
+		t.Fatal("claims still running after a minute")
+		return nil
+	}
+}
+
+// checkFinds checks that find answers every claimed key and no refused
+// one.
+func checkFinds(t *testing.T, c *testChain, refused map[uint64]bool) {
+	t.Helper()
+	for id := 1; id < len(c.keys); id++ {
+		for off, h := range c.keys[id] {
+			got, ok := c.find(h)
+			if want := !refused[loc(id, off)]; ok != want || ok && got != loc(id, off) {
+				t.Fatalf("find %d/%d: %#x %v, want found %v", id, off, got, ok, want)
+			}
+		}
+	}
+}
+
+// Hashes chosen to share one fingerprint, in a table without its seed
+// (an engine that knew it): they fill one segment and no split can part
+// them. Claims past it are refused (their blocks are named by their
+// workers) rather than loop forever putting them into one half, as a
+// split did; every claim taken is found, and once they are released the
+// table takes other hashes again.
+func TestChainTableCraftedFingerprint(t *testing.T) {
+	const runs, perRun, fp = 10, 1000, 0xABCDEF1
+	inv := fibInverse()
+	c := newTestChain(runs, perRun, func(id, off int) uint64 { return inv * (fp<<36 | uint64(id*perRun+off)<<20 | 0x5A5A5) })
+	c.seed = 0
+	for c.counted(fp) {
+		// Counted, the estimate would be sixteen times the truth, and the
+		// segment rebuilt on every insert: the seed's other task.
+		c.salt++
+	}
+	refused := claimAll(t, c)
+	if d := c.dir.Load(); len(refused) == 0 || len(refused) > runs*perRun-segMaxUsed || d.depth > 0 {
+		t.Fatalf("%d of %d claims refused, directory depth %d", len(refused), runs*perRun, d.depth)
+	}
+	checkFinds(t, c, refused)
+	for id := 1; id <= runs; id++ {
+		for off, h := range c.keys[id] {
+			c.release(h, loc(id, off))
+		}
+	}
+	if n := chainLive(c); n != 0 {
+		t.Fatalf("%d entries left after every release", n)
+	}
+	for id := 1; id <= runs; id++ {
+		for off := range c.keys[id] {
+			c.keys[id][off] = uint64(id*perRun + off)
+		}
+	}
+	if refused := claimAll(t, c); len(refused) != 0 {
+		t.Fatalf("%d claims of other hashes refused after the crafted ones left", len(refused))
+	}
+	checkFinds(t, c, nil)
+}
+
+// Hashes chosen so that every split of the segment holding them parts a
+// thousand from the rest, which share a longer prefix of fingerprint: each
+// split deepened the directory, and doubled it (to 2^28 slots, 2 GiB, with
+// a thousand entries more a level). The directory stops at its bound, a
+// segment a slot or 2^16 slots: claims past it are refused, and every
+// claim taken is found.
+func TestChainTableCraftedPrefixes(t *testing.T) {
+	const levels, perRun = 16, 4000
+	inv := fibInverse()
+	c := newTestChain(levels+2, perRun, func(id, off int) uint64 {
+		fp := uint64(off) * 2654435761 % segSlots // top 16 bits zero: runs 1 and levels+2
+		if level := id - 2; level >= 0 && level < levels {
+			fp |= 1 << (fpBits - 1 - level) // run id: the prefix's bit id-2 set
+		}
+		return inv * (fp<<36 | uint64(id)<<24 | uint64(off))
+	})
+	c.seed = 0
+	c.keys[1] = c.keys[1][:2000]
+	for id := 2; id < levels+2; id++ {
+		c.keys[id] = c.keys[id][:1000]
+	}
+	refused := claimAll(t, c)
+	if d := c.dir.Load(); len(d.segs) > maxFreeDir || len(refused) == 0 {
+		t.Fatalf("directory of %d slots (at most %d wanted), %d claims refused", len(d.segs), maxFreeDir, len(refused))
+	}
+	checkFinds(t, c, refused)
+}
+
+// The seed parts hashes chosen to share a fingerprint in a table without
+// it as it parts random ones.
+func TestChainTableSeed(t *testing.T) {
+	const n, fp = 4096, 0xABCDEF1
+	inv := fibInverse()
+	var unseeded chainTable
+	var c chainTable
+	c.init(nil)
+	seen := map[uint64]int{}
+	for i := range n {
+		h := inv * (fp<<36 | uint64(i)<<20 | 0x5A5A5)
+		if unseeded.fingerprint(h) != fp {
+			t.Fatalf("hash %d: unseeded fingerprint %#x", i, unseeded.fingerprint(h))
+		}
+		seen[c.fingerprint(h)]++
+	}
+	for f, k := range seen {
+		if k > 2 {
+			t.Fatalf("%d of %d chosen hashes share fingerprint %#x in a seeded table", k, n, f)
+		}
+	}
+}
+
+// chainLive counts the table's entries.
+func chainLive(c *testChain) int {
+	n, seen := 0, map[*chainSeg]bool{}
+	for _, s := range c.dir.Load().loaded() {
+		if !seen[s] {
+			seen[s] = true
+			n += countLive(s)
+		}
+	}
+	return n
 }

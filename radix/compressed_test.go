@@ -171,3 +171,73 @@ func TestCompressedTrimPastClaims(t *testing.T) {
 		t.Fatalf("after every worker left: %v, size %d", err, idx.Size())
 	}
 }
+
+// Engine hashes chosen to share one fingerprint, in a tree whose table
+// has no seed (as if the engines knew it): the table takes a segment's
+// worth and refuses the rest, whose blocks the workers name themselves.
+// Stores that share prefixes, removals, a Cleared and RemoveWorker answer
+// as the model does throughout.
+func TestCompressedCraftedFingerprints(t *testing.T) {
+	if raceEnabled {
+		t.Skip("one goroutine; its probes of one fingerprint's segment take 15x longer under -race")
+	}
+	const fp, blocks, per = 0xABCDEF1, 4400, 400
+	inv := radix.FibInverse()
+	engine := func(i int) uint64 { return inv * (fp<<36 | uint64(i+1)<<8) }
+	idx, model := radix.NewCompressedTreeUnseeded(), radixtest.NewModel()
+	apply := func(ev kvevent.RouterEvent) {
+		t.Helper()
+		if err := idx.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+		_ = model.Apply(ev)
+	}
+	// Workers 1 and 2 store one chain (equal content, equal hashes), 2 only
+	// its first half; worker 3 a chain of its own.
+	chain := func(w kvevent.Worker, base, n int) {
+		for from := 0; from < n; from += per {
+			parent := int64(-1)
+			if from > 0 {
+				parent = int64(engine(base + from - 1))
+			}
+			pairs := make([]uint64, 0, 2*per)
+			for i := from; i < min(from+per, n); i++ {
+				pairs = append(pairs, engine(base+i), uint64(base+i))
+			}
+			apply(radixtest.Stored(w, parent, pairs...))
+		}
+	}
+	w1, w2, w3 := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2}, kvevent.Worker{ID: 3}
+	chain(w1, 0, blocks)
+	chain(w2, 0, blocks/2)
+	chain(w3, blocks, blocks/2)
+	query := func(base, n int) []uint64 {
+		q := make([]uint64, n)
+		for i := range q {
+			q[i] = uint64(base + i)
+		}
+		return q
+	}
+	queries := [][]uint64{query(0, blocks), query(0, 10), query(blocks, blocks/2)}
+	check := func() {
+		t.Helper()
+		for _, q := range queries {
+			radixtest.Check(t, idx, model, q)
+		}
+		if _, err := radix.CompressedInvariants(idx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check()
+	apply(radixtest.Removed(w1, engine(blocks/2), engine(blocks/2+1))) // a hole past w2's half
+	apply(radixtest.Removed(w2, engine(blocks/2-1)))                   // w2's tail
+	check()
+	apply(radixtest.Cleared(w1))
+	check()
+	idx.RemoveWorker(3)
+	model.RemoveWorker(3)
+	check()
+	if n := radix.ChainDirSlots(idx); n > 2 {
+		t.Fatalf("the table's directory has %d slots for one fingerprint's entries", n)
+	}
+}

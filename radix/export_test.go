@@ -202,6 +202,21 @@ func NewCompressedTreeCramped() *CompressedTree {
 	return t
 }
 
+// NewCompressedTreeUnseeded returns a CompressedTree whose engine-hash
+// table mixes no seed into its fingerprints, as if an engine knew it:
+// FibInverse() * (fp<<36 | x) then has fingerprint fp.
+func NewCompressedTreeUnseeded() *CompressedTree {
+	t := NewCompressedTree()
+	t.chain.seed = 0
+	return t
+}
+
+// FibInverse is fibInverse, for the external tests.
+func FibInverse() uint64 { return fibInverse() }
+
+// ChainDirSlots returns the slots of t's table's directory.
+func ChainDirSlots(t *CompressedTree) int { return len(t.chain.dir.Load().segs) }
+
 // CompressedInvariants checks a quiescent CompressedTree: every run is
 // reachable where it hangs, holds someone or has children, is exactly as
 // long as what is needed of it; holders' cuts, tops and counts agree with
