@@ -60,8 +60,7 @@ const (
 
 type bus struct {
 	cfg        BusConfig
-	lanes      int
-	tiers      bool
+	pools      poolConfig
 	predictTTL time.Duration
 	dir        *cluster.Directory
 	life       context.Context // the service's: ends at Close
@@ -86,7 +85,7 @@ func NewOnBus(cfg Config, bc BusConfig) (*Service, error) {
 		return nil, fmt.Errorf("serve: bus: %w", err)
 	}
 	s := New(cfg)
-	s.bus = &bus{cfg: bc, lanes: s.cfg.Lanes, tiers: s.cfg.Tiers, predictTTL: s.cfg.PredictTTL, dir: dir, life: s.ctx}
+	s.bus = &bus{cfg: bc, pools: s.cfg.pools(), predictTTL: s.cfg.PredictTTL, dir: dir, life: s.ctx}
 	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
 	defer cancel()
 	if err := s.discover(ctx); err != nil {
@@ -123,7 +122,7 @@ func (b *bus) join(ctx context.Context, k modelKey, blockSize int) (*index, erro
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnreachable, err)
 	}
-	r, ix, err := bu.Join(ctx, func() shardpool.Indexer { return newPool(b.lanes, blockSize, b.tiers) }, 30*time.Second)
+	r, ix, err := bu.Join(ctx, func() shardpool.Indexer { return b.pools.newPool(blockSize) }, 30*time.Second)
 	if err != nil {
 		bu.Close()
 		return nil, fmt.Errorf("serve: bus of %s:%s: %w", k.model, k.tenant, err)

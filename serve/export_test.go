@@ -25,7 +25,7 @@ func IndexForTest(s *Service, model string, blockSize int) interface {
 	defer s.mu.Unlock()
 	k := modelKey{model, DefaultTenant}
 	if s.indexes[k] == nil {
-		s.indexes[k] = indexOver(newPool(s.cfg.Lanes, blockSize, s.cfg.Tiers), blockSize, s.cfg.PredictTTL)
+		s.indexes[k] = indexOver(s.cfg.pools().newPool(blockSize), blockSize, s.cfg.PredictTTL)
 	}
 	return s.indexes[k].pool
 }

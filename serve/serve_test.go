@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -677,5 +678,54 @@ func TestTiers(t *testing.T) {
 	post(t, ts.URL+"/query_by_hash", serve.HashQuery{BlockHashes: local, ModelName: "m"}, &got)
 	if !reflect.DeepEqual(got.TierScores["1"]["0"], want["1"]) {
 		t.Fatalf("after a restart: tier scores %v, want instance 1 at %v", got.TierScores, want["1"])
+	}
+}
+
+// A service with Config.IndexBlocks sizes each model's index when it
+// creates it (its table's memory taken then, not as it fills), and
+// answers as one grown as it fills.
+func TestIndexBlocks(t *testing.T) {
+	const blocks = 1 << 20
+	answers, grew := map[int]serve.Scores{}, map[int]int64{}
+	for _, sized := range []int{0, blocks} {
+		svc := serve.New(serve.Config{IndexBlocks: sized})
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		idx := serve.IndexForTest(svc, "m", 16)
+		runtime.ReadMemStats(&after)
+		grew[sized] = int64(after.HeapAlloc) - int64(before.HeapAlloc)
+		hashes := make([]uint64, 64)
+		for i := range hashes {
+			hashes[i] = uint64(i+1) * 0x9E3779B97F4A7C15
+		}
+		for w := range 8 {
+			st := kvevent.Stored{}
+			for i, h := range hashes[:8*(w+1)] {
+				st.Blocks = append(st.Blocks, kvevent.StoredBlock{BlockHash: uint64(i) + 1000, TokensHash: h})
+			}
+			if err := idx.ApplyEvent(kvevent.RouterEvent{WorkerID: kvevent.WorkerID(w), Event: kvevent.Event{Data: st}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := idx.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		ts := httptest.NewServer(svc.Handler())
+		var got serve.Scores
+		if code := post(t, ts.URL+"/query_by_hash", serve.HashQuery{BlockHashes: hashes, ModelName: "m"}, &got); code != http.StatusOK {
+			t.Fatalf("IndexBlocks %d: /query_by_hash answered %d", sized, code)
+		}
+		answers[sized] = got
+		ts.Close()
+		if err := svc.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if grew[blocks]-grew[0] < 8*blocks {
+		t.Fatalf("creating a sized index took %d bytes of heap, a grown one %d: want %d more", grew[blocks], grew[0], 8*blocks)
+	}
+	if len(answers[0].Scores) != 8 || !reflect.DeepEqual(answers[0].Scores, answers[blocks].Scores) {
+		t.Fatalf("grown and sized indexes answer differently: %v against %v", answers[0].Scores, answers[blocks].Scores)
 	}
 }

@@ -251,7 +251,7 @@ func (s *Service) loadIndex(si savedIndex, version int) (*index, error) {
 	if version >= 2 && digest(data) != si.SHA256 {
 		return nil, fmt.Errorf("serve: state of %s:%s: %s is corrupt, or not the snapshot the state names (its SHA-256 differs)", si.Model, si.Tenant, si.File)
 	}
-	pool := newPool(s.cfg.Lanes, si.BlockSize, s.cfg.Tiers)
+	pool := s.cfg.pools().newPool(si.BlockSize)
 	_, bs, err := cluster.DecodeSnapshot(data, pool.ApplyEvent)
 	if err == nil && bs != si.BlockSize {
 		err = fmt.Errorf("block size %d, the state says %d", bs, si.BlockSize)

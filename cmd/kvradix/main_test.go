@@ -193,6 +193,8 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "-lanes", "-3"}, "-lanes"},
 		{[]string{"serve", "-lanes", "0"}, "-lanes"},
 		{[]string{"serve", "-lanes", "100000"}, "-lanes"},
+		{[]string{"serve", "-index-blocks", "-1"}, "-index-blocks"},
+		{[]string{"serve", "-index-blocks", "100000000"}, "-index-blocks"},
 		{[]string{"serve", "-max-body", "-1"}, "-max-body"},
 		{[]string{"serve", "-block-size", "0"}, "-block-size"},
 		{[]string{"serve", "-peers", "http://a:1,ftp://b"}, "-peers"},
