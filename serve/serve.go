@@ -126,13 +126,13 @@ type Config struct {
 // Bounds of Config's fields: New floors or caps a field past them (a
 // zero field takes its default), and the command refuses such a flag.
 const (
-	MaxLanes      = 256
+	MaxLanes = 256
 	// MaxIndexBlocks bounds Config.IndexBlocks: 2^26 blocks, past which
 	// the sizing's caps hold anyway.
 	MaxIndexBlocks = 1 << 26
-	MinBodyBytes  = 4 << 10
-	MinRequestTTL = time.Second
-	MinSaveEvery  = 10 * time.Millisecond
+	MinBodyBytes   = 4 << 10
+	MinRequestTTL  = time.Second
+	MinSaveEvery   = 10 * time.Millisecond
 )
 
 func (c *Config) defaults() {
