@@ -143,7 +143,9 @@ type chainSeg struct {
 }
 
 func newSeg(depth uint8, slots int) *chainSeg {
-	return &chainSeg{slots: make([]uint64, slots), depth: depth}
+	s := &chainSeg{slots: make([]uint64, slots), depth: depth}
+	pages.Fault(s.slots)
+	return s
 }
 
 // home returns the first slot in s of a hash of fingerprint fp and spare

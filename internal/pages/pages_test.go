@@ -3,6 +3,7 @@ package pages
 import (
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -77,5 +78,36 @@ func TestWarm(t *testing.T) {
 	}
 	if warm := faults(true); warm > pages/4 {
 		t.Fatalf("%d MiB written after Warm fault in %d pages of %d, want few", size>>20, warm, pages)
+	}
+}
+
+// On Linux Fault asks the kernel to fault pages in (populate), leaving
+// what they hold: a slice of non-zero words, not aligned to a page, comes
+// out unchanged and the pages of fresh memory resident.
+func TestPopulate(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("MADV_POPULATE_WRITE is Linux's")
+	}
+	const size = 16 << 20
+	mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(mem)
+	b := unsafe.Slice((*uint64)(unsafe.Pointer(&mem[0])), size/8)
+	b[3] = 7
+	before := rss.Current()
+	if !populate(b[3 : len(b)-5]) {
+		t.Skip("the kernel refused MADV_POPULATE_WRITE (before 5.14?)")
+	}
+	if grown := rss.Current() - before; grown < size*9/10 {
+		t.Fatalf("after populate the resident set grew by %d MiB, want about %d", grown>>20, size>>20)
+	}
+	if b[3] != 7 {
+		t.Fatalf("word 3 is %d after populate, want 7", b[3])
+	}
+	b[3] = 0
+	if i := slices.IndexFunc(b, func(w uint64) bool { return w != 0 }); i >= 0 {
+		t.Fatalf("word %d is %d after populate, want 0", i, b[i])
 	}
 }
