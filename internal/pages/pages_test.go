@@ -6,6 +6,7 @@ import (
 	"slices"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/kvradix/kvradix/internal/rss"
@@ -109,5 +110,56 @@ func TestPopulate(t *testing.T) {
 	b[3] = 0
 	if i := slices.IndexFunc(b, func(w uint64) bool { return w != 0 }); i >= 0 {
 		t.Fatalf("word %d is %d after populate, want 0", i, b[i])
+	}
+}
+
+// BenchmarkPrepare makes 64 MiB of fresh memory resident each way, then
+// writes it at random: prepare-us/page is the way's cost a page, and
+// write-ns the first random writes' a write (a 4 KiB page takes about 16).
+// On our VM a touch costs ~11 µs a page, a populate alone ~0.6 but leaves
+// the writes 2.7 times slower (the hypervisor backs each page at its first
+// write), and both (Fault) ~5.4, the writes at full speed.
+func BenchmarkPrepare(b *testing.B) {
+	if runtime.GOOS != "linux" {
+		b.Skip("MADV_POPULATE_WRITE is Linux's")
+	}
+	const size, writes = 64 << 20, 4 << 20
+	for _, way := range []string{"touch", "populate", "fault"} {
+		b.Run("way="+way, func(b *testing.B) {
+			var prep, wr time.Duration
+			for b.Loop() {
+				mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+				if err != nil {
+					b.Fatal(err)
+				}
+				w := unsafe.Slice((*uint64)(unsafe.Pointer(&mem[0])), size/8)
+				start := time.Now()
+				switch way {
+				case "touch":
+					for i := 0; i < len(w); i += pageWords {
+						w[i] = 0
+					}
+				case "populate":
+					if !populate(w) {
+						b.Skip("the kernel refused MADV_POPULATE_WRITE")
+					}
+				case "fault":
+					Fault(w)
+				}
+				prep += time.Since(start)
+				start = time.Now()
+				x := uint64(12345)
+				for range writes {
+					x = x*6364136223846793005 + 1442695040888963407
+					w[x>>20%uint64(len(w))]++
+				}
+				wr += time.Since(start)
+				if err := syscall.Munmap(mem); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(prep.Microseconds())/float64(b.N)/(size/pageBytes), "prepare-us/page")
+			b.ReportMetric(float64(wr.Nanoseconds())/float64(b.N)/writes, "write-ns")
+		})
 	}
 }
