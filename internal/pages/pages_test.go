@@ -22,18 +22,7 @@ func TestFault(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the resident set is read from /proc")
 	}
-	const size = 64 << 20
-	mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Munmap(mem)
-	b := unsafe.Slice((*uint64)(unsafe.Pointer(&mem[0])), size/8)
-	before := rss.Current()
-	Fault(b)
-	if grown := rss.Current() - before; grown < size*9/10 {
-		t.Fatalf("after Fault the resident set grew by %d MiB, want about %d", grown>>20, size>>20)
-	}
+	b := growsResident(t, 64<<20, Fault)
 	odd := make([]uint64, 3<<18+7)
 	for _, c := range [][]uint64{b, make([]uint64, 0), make([]uint64, 1), make([]uint64, 511), make([]uint64, 513), odd[5:]} {
 		Fault(c)
@@ -82,28 +71,19 @@ func TestWarm(t *testing.T) {
 	}
 }
 
-// On Linux Fault asks the kernel to fault pages in (populate), leaving
-// what they hold: a slice of non-zero words, not aligned to a page, comes
-// out unchanged and the pages of fresh memory resident.
+// populate has the kernel fault pages in, leaving what they hold: a slice
+// of non-zero words, not aligned to a page, comes out unchanged and the
+// pages of fresh memory resident.
 func TestPopulate(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("MADV_POPULATE_WRITE is Linux's")
 	}
-	const size = 16 << 20
-	mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Munmap(mem)
-	b := unsafe.Slice((*uint64)(unsafe.Pointer(&mem[0])), size/8)
-	b[3] = 7
-	before := rss.Current()
-	if !populate(b[3 : len(b)-5]) {
-		t.Skip("the kernel refused MADV_POPULATE_WRITE (before 5.14?)")
-	}
-	if grown := rss.Current() - before; grown < size*9/10 {
-		t.Fatalf("after populate the resident set grew by %d MiB, want about %d", grown>>20, size>>20)
-	}
+	b := growsResident(t, 16<<20, func(b []uint64) {
+		b[3] = 7
+		if !populate(b[3 : len(b)-5]) {
+			t.Skip("the kernel refused MADV_POPULATE_WRITE (before 5.14?)")
+		}
+	})
 	if b[3] != 7 {
 		t.Fatalf("word 3 is %d after populate, want 7", b[3])
 	}
@@ -128,11 +108,7 @@ func BenchmarkPrepare(b *testing.B) {
 		b.Run("way="+way, func(b *testing.B) {
 			var prep, wr time.Duration
 			for b.Loop() {
-				mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
-				if err != nil {
-					b.Fatal(err)
-				}
-				w := unsafe.Slice((*uint64)(unsafe.Pointer(&mem[0])), size/8)
+				w, unmap := mapFresh(b, size)
 				start := time.Now()
 				switch way {
 				case "touch":
@@ -154,12 +130,40 @@ func BenchmarkPrepare(b *testing.B) {
 					w[x>>20%uint64(len(w))]++
 				}
 				wr += time.Since(start)
-				if err := syscall.Munmap(mem); err != nil {
-					b.Fatal(err)
-				}
+				unmap()
 			}
 			b.ReportMetric(float64(prep.Microseconds())/float64(b.N)/(size/pageBytes), "prepare-us/page")
 			b.ReportMetric(float64(wr.Nanoseconds())/float64(b.N)/writes, "write-ns")
 		})
 	}
+}
+
+// mapFresh maps size bytes of fresh memory, outside Go's heap (which may
+// hand back pages an earlier run made resident), and returns them with
+// the function that unmaps them.
+func mapFresh(tb testing.TB, size int) (w []uint64, unmap func()) {
+	tb.Helper()
+	mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&mem[0])), size/8), func() {
+		if err := syscall.Munmap(mem); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// growsResident maps size bytes of fresh memory for the test, and checks
+// that prepare makes (nearly) all of it resident.
+func growsResident(t *testing.T, size int, prepare func([]uint64)) []uint64 {
+	t.Helper()
+	b, unmap := mapFresh(t, size)
+	t.Cleanup(unmap)
+	before := rss.Current()
+	prepare(b)
+	if grown := rss.Current() - before; grown < int64(size)*9/10 {
+		t.Fatalf("the resident set grew by %d MiB, want about %d", grown>>20, size>>20)
+	}
+	return b
 }
