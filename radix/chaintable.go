@@ -39,6 +39,16 @@ import (
 // instead, so that its entries of one home share only the directory's
 // bits (see chainSeg.home).
 //
+// # Hashes chosen against it
+//
+// Engine hashes come from the network. A fingerprint mixes the table's
+// random seed (see hashBits), so that hashes cannot be chosen to share
+// one; and were they, a segment no split can part is left crowded, its
+// claims past it refused (their blocks named by their workers, exactly),
+// and the directory doubles only within a bound (see splits). Without
+// these, hashes of one fingerprint hung a split, and hashes sharing ever
+// longer prefixes doubled the directory to 2 GiB.
+//
 // # Concurrency
 //
 // Writers of any worker insert and delete at once, without locks: a slot
