@@ -56,10 +56,11 @@ import (
 // tombstone by compare-and-swap, and a probe that reaches an empty slot
 // ends (entries never move within a segment). A split freezes its segment
 // before reading it: a writer checks, after its swap, that the segment was
-// not frozen, and otherwise waits for the new directory and repeats its
-// operation there, so no write is lost (either the split's copy saw the
-// swap, or the writer saw the freeze). Splits take mu, the directory's
-// lock, for their publication only.
+// not frozen, and otherwise waits for the segment's replacement in the
+// directory and repeats its operation there, so no write is lost (either
+// the split's copy saw the swap, or the writer saw the freeze). Reshapes
+// take mu, the directory's lock, to publish and to read the directory's
+// bounds only.
 //
 // A lookup (find) reads slots with atomic loads and takes no lock. It may
 // meet a frozen segment, and there an entry a split has already left
@@ -146,7 +147,7 @@ type chainSeg struct {
 	depth   uint8       // its local depth: the directory bits its fingerprints share
 	spare   bool        // homes from the hashes' spare bits (a reserved segment: see home)
 	crowded bool        // full-size, and splitting it would not make room (see grow)
-	frozen  atomic.Bool // being split, merged or rebuilt: writers go to the next directory
+	frozen  atomic.Bool // being split, merged or rebuilt: writers go to its replacement
 	_       [64 - 32]byte
 	count   atomic.Int64 // slots used (entries and tombstones) | entries<<32, sampled
 	_       [64 - 8]byte
@@ -549,9 +550,8 @@ const (
 // a split that doubles the directory must leave it within its bounds.
 // None fails by chance: the halves of a segment's random fingerprints
 // differ by tens of entries, not thousands, and an honest table has about
-// a segment a directory slot. An
-// engine choosing its hashes could only fail them if it knew the seed (see
-// hashBits). Without these checks, entries of one fingerprint past a small
+// a segment a directory slot. An engine choosing its hashes could only
+// fail them if it knew the seed (see hashBits). Without these checks, entries of one fingerprint past a small
 // segment's slots made a split loop forever putting them in one half, and
 // entries sharing ever longer prefixes doubled the directory at every
 // split, to 2 GiB at the deepest.
