@@ -41,9 +41,9 @@ import (
 //
 // # Hashes chosen against it
 //
-// Engine hashes come from the network. A fingerprint mixes the table's
-// random seed (see hashBits), so that hashes cannot be chosen to share
-// one; and were they, a segment no split can part is left crowded, its
+// Engine hashes come from the network. A fingerprint is a multiplication
+// by the table's random multiplier (see hashBits), so that hashes cannot
+// be chosen to share one; and were they, a segment no split can part is left crowded, its
 // claims past it refused (their blocks named by their workers, exactly),
 // and the directory doubles only within a bound (see splits). Without
 // these, hashes of one fingerprint hung a split, and hashes sharing ever
@@ -77,8 +77,9 @@ type chainTable struct {
 	ids uint64
 	// salt picks the entries a segment's count counts (see chainSeg).
 	salt uint64
-	// seed is mixed into every hash's fingerprint (see hashBits).
-	seed uint64
+	// mult is the odd multiplier of every hash's fingerprint, random (see
+	// hashBits).
+	mult uint64
 	// nsegs is the segments in the directory (under mu): it bounds the
 	// directory's doubling (see splits).
 	nsegs int
@@ -225,7 +226,7 @@ const (
 // counted reports whether entries of fingerprint fp count (see chainSeg):
 // the top bits of a multiplicative mix of fp with the table's salt.
 func (c *chainTable) counted(fp uint64) bool {
-	return (fp^c.salt)*0x9E3779B97F4A7C15>>(64-countSampleBits) == 0
+	return (fp^c.salt)*fibMult>>(64-countSampleBits) == 0
 }
 
 const (
@@ -246,19 +247,25 @@ const (
 	maxRunLen = 1 << slotOffBits
 )
 
-// hashBits returns h's fingerprint, the top 28 bits of a Fibonacci mix
-// of h and the table's random seed (engine hashes in tests are small
-// integers), and its spare bits, the mix's next 12, which reserved
-// segments take their homes from (see chainSeg.home). Without the seed an
-// engine could choose hashes of one fingerprint (the mix is invertible):
-// their entries all share one segment and one home, and probing them
-// reads every one's block. Behind the seed's XOR the difference of two
-// hashes' mixes depends on the seed's bits, and two chosen hashes share a
-// fingerprint as two random ones do, one pair in 2^28.
+// hashBits returns h's fingerprint, the top 28 bits of h times the
+// table's multiplier, and its spare bits, the product's next 12, which
+// reserved segments take their homes from (see chainSeg.home). The
+// multiplier is odd and random (multiply-shift hashing): for any two
+// hashes, chosen by an engine that does not know it, the chance that they
+// share a fingerprint is at most 2 in 2^28. With a fixed multiplier (the
+// Fibonacci one, fibMult) an engine could choose hashes of one
+// fingerprint; their entries all share one segment and one home, and
+// probing them reads every one's block. A fixed multiplier behind a
+// random XOR is no better: 4,096 hashes chosen against the fixed one
+// still shared fingerprints 2,000 times as often as random ones.
 func (c *chainTable) hashBits(h uint64) (fp, spare uint64) {
-	m := (h ^ c.seed) * 0x9E3779B97F4A7C15
+	m := h * c.mult
 	return m >> (64 - fpBits), m >> (64 - fpBits - segBits) & (segSlots - 1)
 }
+
+// fibMult is the Fibonacci multiplier, 2^64 over the golden ratio: the
+// tests' tables take it to choose hashes' fingerprints.
+const fibMult = 0x9E3779B97F4A7C15
 
 // fingerprint returns h's fingerprint (see hashBits).
 func (c *chainTable) fingerprint(h uint64) uint64 {
@@ -286,7 +293,7 @@ func slotFP(v uint64) uint64 { return v >> (slotIDBits + slotOffBits) }
 
 // init makes the table empty: one segment.
 func (c *chainTable) init(keyOf func(loc uint64) (uint64, bool)) {
-	c.keyOf, c.ids, c.salt, c.seed, c.nsegs = keyOf, 1<<slotIDBits, rand.Uint64(), rand.Uint64(), 1
+	c.keyOf, c.ids, c.salt, c.mult, c.nsegs = keyOf, 1<<slotIDBits, rand.Uint64(), rand.Uint64()|1, 1
 	d := &chainDir{segs: make([]atomic.Pointer[chainSeg], 1)}
 	d.segs[0].Store(newSeg(0, segSmall))
 	c.dir.Store(d)
@@ -551,10 +558,11 @@ const (
 // None fails by chance: the halves of a segment's random fingerprints
 // differ by tens of entries, not thousands, and an honest table has about
 // a segment a directory slot. An engine choosing its hashes could only
-// fail them if it knew the seed (see hashBits). Without these checks, entries of one fingerprint past a small
-// segment's slots made a split loop forever putting them in one half, and
-// entries sharing ever longer prefixes doubled the directory at every
-// split, to 2 GiB at the deepest.
+// fail them if it knew the table's multiplier (see hashBits). Without
+// these checks, entries of one fingerprint past a small segment's slots
+// made a split loop forever putting them in one half, and entries sharing
+// ever longer prefixes doubled the directory at every split, to 2 GiB at
+// the deepest.
 func (c *chainTable) splits(s *chainSeg, live int) bool {
 	if s.depth == fpBits {
 		return false

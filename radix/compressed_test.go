@@ -172,8 +172,8 @@ func TestCompressedTrimPastClaims(t *testing.T) {
 	}
 }
 
-// Engine hashes chosen to share one fingerprint, in a tree whose table
-// has no seed (as if the engines knew it): the table takes a segment's
+// Engine hashes chosen to share one fingerprint, in a tree whose table's
+// multiplier is known (as if the engines knew it): the table takes a segment's
 // worth and refuses the rest, whose blocks the workers name themselves.
 // Stores that share prefixes, removals, a Cleared and RemoveWorker answer
 // as the model does throughout.
@@ -184,7 +184,7 @@ func TestCompressedCraftedFingerprints(t *testing.T) {
 	const fp, blocks, per = 0xABCDEF1, 4400, 400
 	inv := radix.FibInverse()
 	engine := func(i int) uint64 { return inv * (fp<<36 | uint64(i+1)<<8) }
-	idx, model := radix.NewCompressedTreeUnseeded(), radixtest.NewModel()
+	idx, model := radix.NewCompressedTreeKnownMult(), radixtest.NewModel()
 	apply := func(ev kvevent.RouterEvent) {
 		t.Helper()
 		if err := idx.Apply(ev); err != nil {

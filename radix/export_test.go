@@ -202,12 +202,12 @@ func NewCompressedTreeCramped() *CompressedTree {
 	return t
 }
 
-// NewCompressedTreeUnseeded returns a CompressedTree whose engine-hash
-// table mixes no seed into its fingerprints, as if an engine knew it:
+// NewCompressedTreeKnownMult returns a CompressedTree whose engine-hash
+// table's multiplier is the Fibonacci one, as if an engine knew it:
 // FibInverse() * (fp<<36 | x) then has fingerprint fp.
-func NewCompressedTreeUnseeded() *CompressedTree {
+func NewCompressedTreeKnownMult() *CompressedTree {
 	t := NewCompressedTree()
-	t.chain.seed = 0
+	t.chain.mult = fibMult
 	return t
 }
 
