@@ -43,9 +43,10 @@ import (
 //
 // Engine hashes come from the network. A fingerprint is a multiplication
 // by the table's random multiplier (see hashBits), so that hashes cannot
-// be chosen to share one; and were they, a segment no split can part is left crowded, its
-// claims past it refused (their blocks named by their workers, exactly),
-// and the directory doubles only within a bound (see splits). Without
+// be chosen to share one; and were they, a segment no split can part is
+// left crowded, its claims past it refused (their blocks named by their
+// workers, exactly), and the directory doubles only within a bound (see
+// splits). Without
 // these, hashes of one fingerprint hung a split, and hashes sharing ever
 // longer prefixes doubled the directory to 2 GiB.
 //
@@ -671,10 +672,11 @@ func countLive(s *chainSeg) int {
 // publishes a new directory, doubled; any other stores parts into the
 // directory's slots in place. A grown table copied its directory on every
 // reshape (16 KiB at 2,048 segments): in place, the grown fresh store with
-// two writers is 4.6% faster (results/README.md). In place, a reader between two slots' stores
-// may find one segment old and another new: each is one it could have
-// found a moment before or after, and the old is frozen, so a writer
-// there waits for the new one (await) as it did for a new directory.
+// two writers is 4.6% faster (results/README.md). In place, a reader
+// between two slots' stores may find one segment old and another new:
+// each is one it could have found a moment before or after, and the old
+// is frozen, so a writer there waits for the new one (await) as it did for
+// a new directory.
 func (c *chainTable) publish(olds, parts []*chainSeg) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -244,6 +244,12 @@ func TestChainTableReserve(t *testing.T) {
 	if segs := c.dir.Load().loaded(); slices.ContainsFunc(segs, func(s *chainSeg) bool { return s != segs[0] }) {
 		t.Fatal("segments left unmerged after every release")
 	}
+	// Sized for no blocks, a tree is a grown one: nothing reserved.
+	for _, n := range []int{0, -5} {
+		if d := NewCompressedTreeSized(n).chain.dir.Load(); d.slab != nil || len(d.segs) != 1 || d.segs[0].Load().spare {
+			t.Fatalf("NewCompressedTreeSized(%d) reserved its table", n)
+		}
+	}
 	for n, want := range map[int]uint8{0: 0, 2867: 0, 2868: 1, 5_660_000: 11, 1 << 40: maxReserveDepth} {
 		if got := reserveDepth(n); got != want {
 			t.Errorf("reserveDepth(%d) = %d, want %d", n, got, want)

@@ -383,9 +383,13 @@ func NewCompressedTree() *CompressedTree {
 // the runs' arrays to grow into: on a virtual machine a first touch of a
 // page costs microseconds, and the trace stored into a fresh sized tree
 // took a third less time a block, with one writer or two, when its
-// stores faulted in no page (results/README.md).
+// stores faulted in no page (results/README.md). For blocks of 0 or less it
+// is NewCompressedTree: a tree grown as it fills.
 func NewCompressedTreeSized(blocks int) *CompressedTree {
 	t := NewCompressedTree()
+	if blocks <= 0 {
+		return t
+	}
 	t.chain.reserve(blocks)
 	if n := min(blocks, maxWarmBlocks) * warmBytesPerBlock; n >= minWarm {
 		pages.Warm(n)

@@ -860,10 +860,7 @@ func (c *Config) pools() poolConfig {
 // newPool returns an empty pool, keeping every tier or the device's, its
 // tree sized for c.blocks blocks if set (radix.NewCompressedTreeSized).
 func (c poolConfig) newPool(blockSize int) *shardpool.Pool {
-	tree := radix.NewCompressedTree()
-	if c.blocks > 0 {
-		tree = radix.NewCompressedTreeSized(c.blocks)
-	}
+	tree := radix.NewCompressedTreeSized(c.blocks)
 	if c.tiers {
 		return shardpool.NewPoolTiersOver(c.lanes, blockSize, tree)
 	}

@@ -34,10 +34,7 @@ func (i Impl) New(blockSize int) Indexer {
 	case "pool":
 		return NewPoolOver(i.Lanes, blockSize, radix.NewConcurrentTree())
 	case "compressed":
-		if i.Blocks > 0 {
-			return NewPoolOver(i.Lanes, blockSize, radix.NewCompressedTreeSized(i.Blocks))
-		}
-		return NewPoolOver(i.Lanes, blockSize, radix.NewCompressedTree())
+		return NewPoolOver(i.Lanes, blockSize, radix.NewCompressedTreeSized(i.Blocks))
 	}
 	panic(fmt.Sprintf("shardpool: unknown Impl %q (want one of %v)", i.Name, ImplNames))
 }
