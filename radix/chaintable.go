@@ -84,6 +84,9 @@ type chainTable struct {
 	// nsegs is the segments in the directory (under mu): it bounds the
 	// directory's doubling (see splits).
 	nsegs int
+	// doubled, if set, is called (under mu) when the directory doubles,
+	// with the segments it serves then.
+	doubled func(segs int)
 }
 
 // chainDir is a directory: segment i serves the fingerprints whose top
@@ -699,6 +702,9 @@ func (c *chainTable) publish(olds, parts []*chainSeg) {
 		c.dir.Store(d)
 	}
 	c.nsegs += len(parts) - len(olds)
+	if deeper && c.doubled != nil {
+		c.doubled(c.nsegs)
+	}
 }
 
 // copied returns a copy of d (under the table's mu), doubled if deeper,

@@ -39,6 +39,41 @@ func newTestChain(runs, perRun int, hash func(id, off int) uint64) *testChain {
 
 func loc(id, off int) uint64 { return uint64(id)<<32 | uint64(off) }
 
+// The table calls doubled, if set, each time its directory doubles and
+// then only, with the segments it serves then: a grown table's doublings
+// are what a grown tree warms its heap ahead at (warmAhead).
+func TestChainTableDoubled(t *testing.T) {
+	const runs, perRun = 32, 4096
+	rng := rand.New(rand.NewPCG(3, 4))
+	c := newTestChain(runs, perRun, func(int, int) uint64 { return rng.Uint64() })
+	var calls []int
+	c.doubled = func(segs int) {
+		if c.nsegs != segs {
+			t.Errorf("doubled(%d) with %d segments", segs, c.nsegs)
+		}
+		calls = append(calls, int(c.dir.Load().depth))
+	}
+	for id := 1; id <= runs; id++ {
+		for off := range perRun {
+			c.claim(c.keys[id][off], loc(id, off))
+		}
+	}
+	depth := int(c.dir.Load().depth)
+	if depth < 4 {
+		t.Fatalf("directory depth %d after %d claims, want 4 or more", depth, runs*perRun)
+	}
+	// One call a doubling, each one level deeper (the first doubling is
+	// the first split, to depth 1).
+	for i, d := range calls {
+		if d != i+1 {
+			t.Fatalf("doubled at depths %v, want 1 to %d in order", calls, depth)
+		}
+	}
+	if len(calls) != depth {
+		t.Fatalf("doubled %d times to depth %d", len(calls), depth)
+	}
+}
+
 // The table agrees with a map through claims, finds and releases that
 // split segments many times and rebuild them after mass deletion, with
 // hashes that share fingerprints (small integers and colliding ones);

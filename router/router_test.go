@@ -11,12 +11,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvradix/kvradix/hashing"
+	"github.com/kvradix/kvradix/internal/leaks"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/router"
 	"github.com/kvradix/kvradix/shardpool"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leaks.Ignore()...) }
 
 func newRouter(t *testing.T, mode router.Mode, n int, edit func(*router.Config)) *router.Router {
 	t.Helper()

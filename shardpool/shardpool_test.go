@@ -12,13 +12,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvradix/kvradix/hashing"
+	"github.com/kvradix/kvradix/internal/leaks"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/radix/radixtest"
 	"github.com/kvradix/kvradix/shardpool"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leaks.Ignore()...) }
 
 // impls is the one implementation table (shardpool.ParseImpls, as the
 // benchmarks and loadgen use it): every indexer, pools at 1, 2 and 4 lanes.

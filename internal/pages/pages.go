@@ -1,7 +1,13 @@
 // Package pages makes memory resident before its first use.
 package pages
 
-import "runtime"
+import (
+	"math"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"sync/atomic"
+)
 
 // pageBytes is a 4 KiB page, the smallest of the systems we run on, and
 // pageWords its 8-byte words.
@@ -64,3 +70,58 @@ func Warm(n int) {
 // warmChunk is the bytes Warm allocates at a time: a span of its own (past
 // Go's 32 KiB of small objects), small enough to fill a heap's holes.
 const warmChunk = 64 << 10
+
+// WarmAhead starts Warm(n) in a goroutine of its own, for a structure that
+// grows by about n bytes from now on and cannot wait for it: the pages are
+// faulted in by another core, where one is idle, and through the kernel,
+// at half the cost of the structure's own first writes (see Fault). It
+// starts none, and returns false, while a warm it started is running (one
+// at a time in a process, whatever asks), where the heap holds n bytes
+// free and resident already, or where the process's soft memory limit
+// (GOMEMLIMIT) leaves less than n bytes above the memory the runtime
+// holds. The warm takes a collection, so it is for growth by steps
+// of the same order as what is live, a few times over a structure's life.
+func WarmAhead(n int) bool { return warmAhead(n, Warm) }
+
+// warming is set while a warm WarmAhead started runs; started counts them.
+var (
+	warming atomic.Bool
+	started atomic.Int64
+)
+
+func warmAhead(n int, warm func(int)) bool {
+	if n <= 0 || !worthWarming(n) || !warming.CompareAndSwap(false, true) {
+		return false
+	}
+	started.Add(1)
+	go func() {
+		defer warming.Store(false)
+		warm(n)
+	}()
+	return true
+}
+
+// Warming reports whether a warm WarmAhead started is running.
+func Warming() bool { return warming.Load() }
+
+// Started returns how many warms WarmAhead has started in the process.
+func Started() int64 { return started.Load() }
+
+// worthWarming reports whether warming n bytes would make pages resident
+// that are not, within the soft memory limit if one is set: not where the
+// heap holds n bytes free and resident already (a collection would only
+// cost), nor where the memory the runtime holds plus n is past the limit.
+func worthWarming(n int) bool {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/free:bytes"}, {Name: "/memory/classes/total:bytes"}}
+	metrics.Read(s)
+	for _, v := range s {
+		if v.Value.Kind() != metrics.KindUint64 {
+			return false
+		}
+	}
+	if s[0].Value.Uint64() >= uint64(n) {
+		return false
+	}
+	limit := debug.SetMemoryLimit(-1)
+	return limit == math.MaxInt64 || s[1].Value.Uint64()+uint64(n) <= uint64(limit)
+}

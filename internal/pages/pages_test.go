@@ -3,6 +3,7 @@ package pages
 import (
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"slices"
 	"syscall"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/kvradix/kvradix/internal/rss"
+	"github.com/kvradix/kvradix/internal/testwait"
 )
 
 // Fault makes fresh memory resident before it is written: the resident
@@ -68,6 +70,62 @@ func TestWarm(t *testing.T) {
 	}
 	if warm := faults(true); warm > pages/4 {
 		t.Fatalf("%d MiB written after Warm fault in %d pages of %d, want few", size>>20, warm, pages)
+	}
+}
+
+// WarmAhead starts one warm at a time in the process, in a goroutine of
+// its own, with the bytes it was asked for, and none where it would only
+// cost: nothing to warm, the heap's free pages resident already, or the
+// soft memory limit too close.
+func TestWarmAhead(t *testing.T) {
+	release, got := make(chan struct{}), make(chan int, 2)
+	blocked := func(n int) { got <- n; <-release }
+	debug.FreeOSMemory() // the heap's free pages released: worth warming
+	before := Started()
+	const n = 8 << 20
+	if !warmAhead(n, blocked) {
+		t.Fatal("refused with the heap's free pages released")
+	}
+	if !Warming() {
+		t.Fatal("not warming after a warm started")
+	}
+	if warmAhead(n, blocked) {
+		t.Fatal("a second warm started while the first ran")
+	}
+	if m := <-got; m != n {
+		t.Fatalf("warmed %d bytes, want %d", m, n)
+	}
+	close(release)
+	testwait.For(t, "the warm to end", func() bool { return !Warming() })
+	if s := Started() - before; s != 1 {
+		t.Fatalf("%d warms started, want 1", s)
+	}
+	for _, m := range []int{0, -1} {
+		if warmAhead(m, blocked) {
+			t.Fatalf("a warm of %d bytes started", m)
+		}
+	}
+
+	// 64 MiB free and resident (a live 128 MiB keeps the scavenger's goal
+	// above them, as in TestWarm): a warm of 32 MiB has nothing to do.
+	live := make([]uint64, 128<<20/8)
+	Fault(live)
+	defer runtime.KeepAlive(live)
+	spare := make([]uint64, 64<<20/8)
+	Fault(spare)
+	runtime.KeepAlive(spare)
+	spare = nil
+	runtime.GC()
+	if warmAhead(32<<20, blocked) {
+		t.Fatal("a warm of 32 MiB started with 64 MiB of the heap free and resident")
+	}
+
+	debug.FreeOSMemory()
+	total := []metrics.Sample{{Name: "/memory/classes/total:bytes"}}
+	metrics.Read(total)
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(int64(total[0].Value.Uint64()) + 16<<20))
+	if warmAhead(64<<20, blocked) {
+		t.Fatal("a warm of 64 MiB started 16 MiB under the soft memory limit")
 	}
 }
 
