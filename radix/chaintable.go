@@ -311,7 +311,7 @@ const reserveLoad = 0.7
 // maxReserveDepth bounds a reservation: 2^14 segments, 512 MiB of slots.
 const maxReserveDepth = 14
 
-// reserve sizes an empty table for n entries up front: a directory of
+// reserve sizes the table for n entries up front: a directory of
 // full-size segments, enough that n entries (at reserveLoad) split none,
 // so that filling it moves no entry. Their slots are one allocation made
 // resident here, and their headers another: so the inserts that fill it
@@ -322,8 +322,53 @@ const maxReserveDepth = 14
 // slot in a segment reserve made is computed (chainDir.slab) until that
 // segment is reshaped. Past maxReserveDepth it reserves that much and
 // grows as usual.
-func (c *chainTable) reserve(n int) {
+//
+// A table holding entries moves them into the new segments (see adopt).
+// It reserves nothing, and reports false, where the table's directory is
+// as deep already, or deeper.
+func (c *chainTable) reserve(n int) bool {
 	depth := reserveDepth(n)
+	return c.takes(depth) && c.adopt(reservedDir(depth))
+}
+
+// takes reports whether a reserved directory of the given depth would
+// resize the table: it is deeper than the table's, or as deep as a grown
+// one.
+func (c *chainTable) takes(depth uint8) bool {
+	old := c.dir.Load()
+	return depth > old.depth || depth == old.depth && old.slab == nil
+}
+
+// adopt makes d, a reserved directory (reservedDir) not yet published,
+// the table's, moving every entry into it, each one's engine hash read
+// (keyOf) for its home there; false, changing nothing, where d would not
+// resize the table (takes). The caller excludes every other writer of the
+// table meanwhile (a CompressedTree takes every writer stripe). A new
+// segment's fingerprints are a part of one old segment's, since d is as
+// deep as the old directory, so it takes no more entries than it has
+// slots; one that takes more than a segment grows at (only hashes chosen
+// against the table do) is split or left crowded by its next claim, as
+// any segment is.
+func (c *chainTable) adopt(d *chainDir) bool {
+	old := c.dir.Load()
+	if !c.takes(d.depth) {
+		return false
+	}
+	var last *chainSeg
+	for i := range old.segs {
+		if s := old.segs[i].Load(); s != last { // a segment serves adjacent slots
+			last = s
+			s.each(func(v uint64) { c.move(d, v) })
+		}
+	}
+	c.dir.Store(d)
+	c.nsegs = len(d.segs)
+	return true
+}
+
+// reservedDir returns an empty reserved directory of the given depth (see
+// reserve).
+func reservedDir(depth uint8) *chainDir {
 	slab := make([]uint64, segSlots<<depth)
 	pages.Fault(slab)
 	heads := make([]chainSeg, 1<<depth)
@@ -336,8 +381,20 @@ func (c *chainTable) reserve(n int) {
 	for k := range segs {
 		reserved.bits[k/64].Or(1 << (k % 64))
 	}
-	c.dir.Store(&chainDir{depth: depth, segs: segs, slab: slab, slabDepth: depth, reserved: reserved})
-	c.nsegs = len(segs)
+	return &chainDir{depth: depth, segs: segs, slab: slab, slabDepth: depth, reserved: reserved}
+}
+
+// move puts entry v into d, a reserved directory not yet published, at
+// its home there: the spare bits of its block's engine hash. An entry
+// whose block is gone (no writer leaves one) is dropped.
+func (c *chainTable) move(d *chainDir, v uint64) {
+	h, ok := c.keyOf(decode(v))
+	if !ok {
+		return
+	}
+	fp, spare := c.hashBits(h)
+	s := d.segs[fp>>(fpBits-d.depth)].Load()
+	c.place(s, v, int(spare))
 }
 
 // reserveDepth is the directory depth reserve gives n entries.
@@ -649,8 +706,11 @@ func (s *chainSeg) each(fn func(v uint64)) {
 // count counts (see chainSeg): as it is built, in the pass that fills it,
 // rather than in a second over its slots (a fresh grown table spent 6% of
 // its stores recounting).
-func (c *chainTable) put(s *chainSeg, v uint64) {
-	home := s.home(slotFP(v), 0)
+func (c *chainTable) put(s *chainSeg, v uint64) { c.place(s, v, s.home(slotFP(v), 0)) }
+
+// place inserts entry v into s, unpublished, probing from home, and
+// counts it (see put).
+func (c *chainTable) place(s *chainSeg, v uint64, home int) {
 	j := home
 	for s.slots[j] != 0 {
 		j = s.next(j, home)

@@ -74,17 +74,51 @@ func TestChainTableDoubled(t *testing.T) {
 	}
 }
 
-// The table agrees with a map through claims, finds and releases that
-// split segments many times and rebuild them after mass deletion, with
-// hashes that share fingerprints (small integers and colliding ones);
-// reserved for a part of them up front, or for all (splitting none), too.
-func TestChainTableModel(t *testing.T) {
-	for _, reserve := range []int{0, 40_000} {
-		testChainTableModel(t, reserve)
+// checkReserveMoves reserves c, holding model's entries, for n: every
+// entry is then found where it was, in a reserved directory as deep as n
+// asks, whose homes are computed (checkHomeSlots), and reserving it again
+// for no more, or fewer, does nothing.
+func checkReserveMoves(t *testing.T, c *chainTable, n int, model map[uint64]uint64) {
+	t.Helper()
+	before := c.dir.Load().depth
+	if !c.reserve(n) {
+		t.Fatalf("reserve(%d) refused at directory depth %d", n, before)
+	}
+	d := c.dir.Load()
+	if d.slab == nil || d.depth != reserveDepth(n) || d.depth < before || c.nsegs != len(d.segs) {
+		t.Fatalf("after reserve(%d): depth %d (was %d, want %d), slab %v, %d segments counted of %d", n, d.depth, before, reserveDepth(n), d.slab != nil, c.nsegs, len(d.segs))
+	}
+	live := 0
+	for _, s := range d.loaded() {
+		live += countLive(s)
+	}
+	if live != len(model) {
+		t.Fatalf("reserve moved %d entries of %d", live, len(model))
+	}
+	for h, l := range model {
+		if got, ok := c.find(h); !ok || got != l {
+			t.Fatalf("after reserve: find(%#x) = %#x %v, want %#x", h, got, ok, l)
+		}
+	}
+	if c.reserve(n) || c.reserve(n/4) {
+		t.Fatal("reserve for no more than the table holds resized it")
 	}
 }
 
-func testChainTableModel(t *testing.T, reserve int) {
+// The table agrees with a map through claims, finds and releases that
+// split segments many times and rebuild them after mass deletion, with
+// hashes that share fingerprints (small integers and colliding ones);
+// reserved for a part of them up front, or for all (splitting none), too;
+// or reserved once it holds the first round's 260,000 entries (reserve
+// moving them into the new segments), where it then splits no more.
+func TestChainTableModel(t *testing.T) {
+	for _, reserve := range []int{0, 40_000} {
+		testChainTableModel(t, reserve, false)
+	}
+	testChainTableModel(t, 600_000, true)
+}
+
+func testChainTableModel(t *testing.T, reserve int, midway bool) {
 	const runs, perRun = 64, 4096
 	rng := rand.New(rand.NewPCG(1, 2))
 	c := newTestChain(runs, perRun, func(id, off int) uint64 {
@@ -96,7 +130,7 @@ func testChainTableModel(t *testing.T, reserve int) {
 		}
 		return rng.Uint64()
 	})
-	if reserve > 0 {
+	if reserve > 0 && !midway {
 		c.reserve(reserve)
 	}
 	model := map[uint64]uint64{} // hash -> block
@@ -120,6 +154,12 @@ func testChainTableModel(t *testing.T, reserve int) {
 					model[h] = l
 				}
 			}
+		}
+		if midway && round == 0 {
+			checkReserveMoves(t, &c.chainTable, reserve, model)
+		}
+		if d := c.dir.Load(); midway && round == 1 && (d.slab == nil || d.depth != reserveDepth(reserve)) {
+			t.Fatalf("the reserved table reshaped, to depth %d, filling again", d.depth)
 		}
 		// A claim of a hash already claimed elsewhere fails; of the same
 		// block again, succeeds.
@@ -145,6 +185,7 @@ func testChainTableModel(t *testing.T, reserve int) {
 	if d := c.dir.Load(); d.depth < 6 {
 		t.Fatalf("reserve %d: directory depth %d: the test did not split", reserve, d.depth)
 	}
+
 	checkHomeSlots(t, c, false)
 	distinct := map[*chainSeg]bool{}
 	for _, s := range c.dir.Load().loaded() {

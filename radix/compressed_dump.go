@@ -14,10 +14,7 @@ func (t *CompressedTree) Dump() []kvevent.RouterEvent { return collect(t.dumpEac
 // dumpEach yields what Dump returns (see DumpEach).
 func (t *CompressedTree) dumpEach(yield func(kvevent.RouterEvent)) {
 	t.ready()
-	for i := range t.stripes {
-		t.stripes[i].mu.Lock()
-		defer t.stripes[i].mu.Unlock()
-	}
+	defer t.lockWriters()()
 	starts := map[*crun]uint32{} // depth of each run's first block
 	var startOf func(r *crun) uint32
 	startOf = func(r *crun) uint32 {

@@ -3,6 +3,8 @@ package radix_test
 import (
 	"maps"
 	"math/rand/v2"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 
@@ -386,11 +388,37 @@ func manyWriters(t *testing.T, im concurrentImpl, seed uint64) {
 			}
 		}()
 	}
+	// A tree that can be resized is, as it grows, while the writers write
+	// (resizes of no more than it holds are refused: the sized one's all).
+	r, resizable := tree.(interface{ Reserve(int) bool })
+	resized := 0
+	if resizable {
+		rg.Add(1)
+		go func() {
+			defer rg.Done()
+			for last := 0; ; runtime.Gosched() {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if n := tree.Size(); n > 2*last+64 {
+					if r.Reserve(16 * n) {
+						resized++
+					}
+					last = n
+				}
+			}
+		}()
+	}
 	wg.Wait()
 	close(stop)
 	rg.Wait()
 	if t.Failed() {
 		t.FailNow()
+	}
+	if resizable && resized == 0 && !strings.HasSuffix(im.name, "sized") {
+		t.Fatalf("seed %d: the table was never resized", seed)
 	}
 	if _, err := im.invariants(tree); err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
