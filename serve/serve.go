@@ -107,6 +107,9 @@ type Config struct {
 	// index makes resident 16 bytes of heap a block for its runs, at its
 	// creation, each capped at 512 MiB (see radix.NewCompressedTreeSized);
 	// past the size, the index grows as usual. At most MaxIndexBlocks.
+	// Engines that publish events and register with total_kv_blocks size
+	// their model's index further, for their pools summed, where that is
+	// more (see index.reserve).
 	IndexBlocks int
 	// Peers are other services indexing the same engines (http(s) URLs):
 	// Recover restores an empty service from the first whose GET /dump
@@ -298,7 +301,8 @@ type Registration struct {
 	// num_gpu_blocks, Dynamo's total_kv_blocks). With it the service models
 	// the engine's cache from the requests it routes there (approx.go);
 	// with it and no endpoint, the engine publishes no events and is
-	// routed on that model alone.
+	// routed on that model alone. With an endpoint, it sizes the model's
+	// index too, for the pools of its engines summed (see index.reserve).
 	TotalKVBlocks int `json:"total_kv_blocks,omitempty"`
 	// Type is the engine's kind, where the caller says: one of
 	// EngineTypes. The subscriber needs none to decode: vLLM's, SGLang's
@@ -496,6 +500,14 @@ func (s *Service) complete(key instanceKey, idx *index, created bool, d *dial, s
 	}
 	d.cancel()
 	if reserved && (sub != nil || d.reg.Endpoint == "") {
+		if sub != nil && d.reg.TotalKVBlocks > 0 {
+			// Active once its model's index is sized for it too; regMu
+			// keeps registrations out meanwhile, mu only for the count.
+			pools := s.poolsLocked(key.modelKey) + d.reg.TotalKVBlocks
+			s.mu.Unlock()
+			idx.reserve(pools)
+			s.mu.Lock()
+		}
 		s.instances[key] = &instance{reg: d.reg, sub: sub, since: time.Now()}
 		if n := d.reg.TotalKVBlocks; n > 0 {
 			_ = idx.pred.model(key.worker(), n, sub == nil) // no error: n was checked
@@ -514,6 +526,18 @@ func (s *Service) complete(key instanceKey, idx *index, created bool, d *dial, s
 	if unused {
 		_ = idx.close()
 	}
+}
+
+// poolsLocked sums the KV pools (total_kv_blocks) of model k's registered
+// instances that publish events (mu held).
+func (s *Service) poolsLocked(k modelKey) int {
+	n := 0
+	for ik, inst := range s.instances {
+		if ik.modelKey == k && inst.sub != nil {
+			n += inst.reg.TotalKVBlocks
+		}
+	}
+	return n
 }
 
 // usedLocked reports whether an instance of model k is registered or
@@ -865,6 +889,22 @@ func (c poolConfig) newPool(blockSize int) *shardpool.Pool {
 		return shardpool.NewPoolTiersOver(c.lanes, blockSize, tree)
 	}
 	return shardpool.NewPoolOver(c.lanes, blockSize, tree)
+}
+
+// reserve sizes the index's table of engine hashes for blocks blocks
+// (radix.CompressedTree.Reserve), at most MaxIndexBlocks: as engines that
+// publish events register with their pools (total_kv_blocks), the
+// model's index is sized for them all, so that their stores fill a table
+// that need not grow. It resizes only where the sum asks for a larger
+// table than the index has (Config.IndexBlocks's, or the engines' that
+// registered before): about each time the sum doubles, a few times as a
+// fleet registers, each time moving the entries held so far while the
+// model's stores wait. On a bus, a replica sizes its own index, from the
+// registrations it takes.
+func (idx *index) reserve(blocks int) {
+	if t, ok := idx.pool.Index().(interface{ Reserve(int) bool }); ok {
+		t.Reserve(min(blocks, MaxIndexBlocks))
+	}
 }
 
 // indexOver returns the index of pool, with its router and predictions

@@ -521,6 +521,13 @@ func metric(t *testing.T, url, sample string) float64 {
 // instances 1..n of model "m".
 func registerPublishers(t testing.TB, svc *serve.Service, n int) []*vllm.Publisher {
 	t.Helper()
+	return registerPools(t, svc, n, 0)
+}
+
+// registerPools registers n publishers as registerPublishers does, each
+// with a KV pool of pool blocks (total_kv_blocks) if not 0.
+func registerPools(t testing.TB, svc *serve.Service, n, pool int) []*vllm.Publisher {
+	t.Helper()
 	var pubs []*vllm.Publisher
 	for id := range uint64(n) {
 		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
@@ -529,7 +536,7 @@ func registerPublishers(t testing.TB, svc *serve.Service, n int) []*vllm.Publish
 		}
 		t.Cleanup(func() { pub.Close() })
 		pubs = append(pubs, pub)
-		if err := svc.Register(serve.Registration{InstanceID: id + 1, Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr(), ModelName: "m", BlockSize: bs}); err != nil {
+		if err := svc.Register(serve.Registration{InstanceID: id + 1, Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr(), ModelName: "m", BlockSize: bs, TotalKVBlocks: pool}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -684,6 +691,48 @@ func TestTiers(t *testing.T) {
 // A service with Config.IndexBlocks sizes each model's index when it
 // creates it (its table's memory taken then, not as it fills), and
 // answers as one grown as it fills.
+// Engines that publish events and register with total_kv_blocks size
+// their model's index for their pools summed, as IndexBlocks does: the
+// table's memory (8 bytes a block or more) is taken by the time they are
+// active, against none for engines registered without it; and the index
+// then takes their events as before.
+func TestRegisteredPoolsSizeTheIndex(t *testing.T) {
+	const engines, pool = 2, 1 << 19
+	grew := map[int]int64{}
+	for _, p := range []int{0, pool} {
+		svc := serve.New(serve.Config{})
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		pubs := registerPools(t, svc, engines, p)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		grew[p] = int64(after.HeapAlloc) - int64(before.HeapAlloc)
+		ts := httptest.NewServer(svc.Handler())
+		gen, conv := vllm.NewSynthEngine(1, bs, 4, 0.3), vllm.NewConverter(1, bs)
+		want := holdings.Set{}
+		for range 20 {
+			evs := []vllm.Event{gen.Step(), gen.Step()}
+			for _, ev := range conv.Convert(nil, &vllm.Batch{Events: evs}) {
+				_ = want.Apply(ev)
+			}
+			if _, err := pubs[0].Publish(evs); err != nil {
+				t.Fatal(err)
+			}
+		}
+		testwait.For(t, "the index to hold what engine 1 published", func() bool {
+			return reflect.DeepEqual(dumpHoldings(t, ts.URL), want)
+		})
+		ts.Close()
+		if err := svc.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if grew[pool]-grew[0] < 8*engines*pool {
+		t.Fatalf("registering engines with %d blocks each took %d bytes of heap, without %d: want %d more", pool, grew[pool], grew[0], 8*engines*pool)
+	}
+}
+
 func TestIndexBlocks(t *testing.T) {
 	const blocks = 1 << 20
 	answers, grew := map[int]serve.Scores{}, map[int]int64{}
