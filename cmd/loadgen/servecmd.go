@@ -252,7 +252,9 @@ func (c *serveConfig) startEngines(base string) ([]*vllm.Publisher, error) {
 			return pubs, err
 		}
 		pubs = append(pubs, p)
-		body, _ := json.Marshal(serve.Registration{InstanceID: uint64(i), Endpoint: p.Addr(), ReplayEndpoint: p.ReplayAddr(), ModelName: "trace", BlockSize: c.blockLen})
+		// Each with its pool, as real engines register: the service sizes
+		// the model's index for them (serve.Registration.TotalKVBlocks).
+		body, _ := json.Marshal(serve.Registration{InstanceID: uint64(i), Endpoint: p.Addr(), ReplayEndpoint: p.ReplayAddr(), ModelName: "trace", BlockSize: c.blockLen, TotalKVBlocks: c.capacity})
 		req, err := http.NewRequest(http.MethodPost, base+"/register", bytes.NewReader(body))
 		if err != nil {
 			return pubs, err
