@@ -107,7 +107,7 @@ func TestAppendMatches(t *testing.T) {
 	if got[1].Worker == got[2].Worker || want.Scores[w1] != 3 || want.TreeSizes[w2] != 3 {
 		t.Fatalf("matches %v", got)
 	}
-	if raceEnabled {
+	if radix.RaceEnabled {
 		return
 	}
 	buf := make([]radix.Match, 0, 8)

@@ -496,3 +496,6 @@ func SetCompressedHook(t *CompressedTree, fn func(hookPoint)) { t.hook = fn }
 // HookPoint is a place where a test may interleave events (see
 // SetCompressedHook).
 type HookPoint = hookPoint
+
+// RaceEnabled reports whether the race detector is on (see raceEnabled).
+const RaceEnabled = raceEnabled

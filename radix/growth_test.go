@@ -20,7 +20,7 @@ import (
 // where the heap's free pages happen to be resident already). The warm
 // ends on its own, and the tree holds every block stored.
 func TestCompressedWarmsAhead(t *testing.T) {
-	if testing.Short() || raceEnabled {
+	if testing.Short() || radix.RaceEnabled {
 		t.Skip("stores millions of blocks")
 	}
 	const per, most = 256, 4 << 20

@@ -1,5 +1,5 @@
 //go:build !race
 
-package radix_test
+package radix
 
 const raceEnabled = false

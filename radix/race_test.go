@@ -1,6 +1,6 @@
 //go:build race
 
-package radix_test
+package radix
 
 // raceEnabled: the race detector makes sync.Pool drop items at random, so
 // allocation counts are only asserted without it.
