@@ -901,8 +901,11 @@ func (c poolConfig) newPool(blockSize int) *shardpool.Pool {
 // fleet registers, each time moving the entries held so far while the
 // model's stores wait. On a bus, a replica sizes its own index, from the
 // registrations it takes.
-func (idx *index) reserve(blocks int) {
-	if t, ok := idx.pool.Index().(interface{ Reserve(int) bool }); ok {
+func (idx *index) reserve(blocks int) { reservePool(idx.pool, blocks) }
+
+// reservePool sizes pool's table for blocks blocks (see index.reserve).
+func reservePool(pool *shardpool.Pool, blocks int) {
+	if t, ok := pool.Index().(interface{ Reserve(int) bool }); ok && blocks > 0 {
 		t.Reserve(min(blocks, MaxIndexBlocks))
 	}
 }

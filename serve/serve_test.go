@@ -307,9 +307,12 @@ func newEngine(t *testing.T, id uint64) *engine {
 	return &engine{id: id, pub: pub, gen: vllm.NewSynthEngine(id, bs, 4, 0.3), conv: vllm.NewConverter(kvevent.WorkerID(id), bs), want: holdings.Set{}}
 }
 
+// register registers e with svc, with a pool of 2^16 blocks: the restarts
+// that follow size the restored index for their engines' pools before it
+// loads (serve's savedPools).
 func (e *engine) register(t *testing.T, svc *serve.Service) {
 	t.Helper()
-	if err := svc.Register(serve.Registration{InstanceID: e.id, Endpoint: e.pub.Addr(), ReplayEndpoint: e.pub.ReplayAddr(), ModelName: "m", BlockSize: bs}); err != nil {
+	if err := svc.Register(serve.Registration{InstanceID: e.id, Endpoint: e.pub.Addr(), ReplayEndpoint: e.pub.ReplayAddr(), ModelName: "m", BlockSize: bs, TotalKVBlocks: 1 << 16}); err != nil {
 		t.Fatal(err)
 	}
 	testwait.For(t, "the engine subscribed to", func() bool {

@@ -213,8 +213,9 @@ func (s *Service) recoverState() (Recovered, error) {
 			idx.close()
 		}
 	}
+	pools := savedPools(st.Instances)
 	for _, si := range st.Indexes {
-		idx, err := s.loadIndex(si, st.Version)
+		idx, err := s.loadIndex(si, st.Version, pools[modelKey{si.Model, si.Tenant}])
 		if err != nil {
 			closeAll()
 			return Recovered{}, s.refuse(err)
@@ -241,9 +242,24 @@ func (s *Service) recoverState() (Recovered, error) {
 	return rec, nil
 }
 
+// savedPools sums, by model, the KV pools (total_kv_blocks) of the saved
+// instances that publish events: their indexes are sized for them before
+// their snapshots load, rather than resized, every entry moved, as each
+// engine registers again (see index.reserve).
+func savedPools(insts []savedInstance) map[modelKey]int {
+	pools := map[modelKey]int{}
+	for _, in := range insts {
+		if in.Endpoint != "" {
+			pools[modelKey{in.ModelName, in.TenantID}] += in.TotalKVBlocks
+		}
+	}
+	return pools
+}
+
 // loadIndex restores one index from its checked snapshot, which must be
-// the one the state names (version 2: its SHA-256).
-func (s *Service) loadIndex(si savedIndex, version int) (*index, error) {
+// the one the state names (version 2: its SHA-256), sized first for
+// blocks if more than Config.IndexBlocks (see savedPools).
+func (s *Service) loadIndex(si savedIndex, version, blocks int) (*index, error) {
 	data, err := os.ReadFile(filepath.Join(s.cfg.StateDir, filepath.Base(si.File)))
 	if err != nil {
 		return nil, fmt.Errorf("serve: state of %s:%s: %w", si.Model, si.Tenant, err)
@@ -252,6 +268,7 @@ func (s *Service) loadIndex(si savedIndex, version int) (*index, error) {
 		return nil, fmt.Errorf("serve: state of %s:%s: %s is corrupt, or not the snapshot the state names (its SHA-256 differs)", si.Model, si.Tenant, si.File)
 	}
 	pool := s.cfg.pools().newPool(si.BlockSize)
+	reservePool(pool, blocks)
 	_, bs, err := cluster.DecodeSnapshot(data, pool.ApplyEvent)
 	if err == nil && bs != si.BlockSize {
 		err = fmt.Errorf("block size %d, the state says %d", bs, si.BlockSize)
