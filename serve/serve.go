@@ -881,6 +881,13 @@ func (c *Config) pools() poolConfig {
 	return poolConfig{lanes: c.Lanes, blocks: c.IndexBlocks, tiers: c.Tiers}
 }
 
+// sizedFor returns c sizing its pools' trees for blocks blocks too, if
+// more than c's own (at most MaxIndexBlocks).
+func (c poolConfig) sizedFor(blocks int) poolConfig {
+	c.blocks = max(c.blocks, min(blocks, MaxIndexBlocks))
+	return c
+}
+
 // newPool returns an empty pool, keeping every tier or the device's, its
 // tree sized for c.blocks blocks if set (radix.NewCompressedTreeSized).
 func (c poolConfig) newPool(blockSize int) *shardpool.Pool {
@@ -901,11 +908,8 @@ func (c poolConfig) newPool(blockSize int) *shardpool.Pool {
 // fleet registers, each time moving the entries held so far while the
 // model's stores wait. On a bus, a replica sizes its own index, from the
 // registrations it takes.
-func (idx *index) reserve(blocks int) { reservePool(idx.pool, blocks) }
-
-// reservePool sizes pool's table for blocks blocks (see index.reserve).
-func reservePool(pool *shardpool.Pool, blocks int) {
-	if t, ok := pool.Index().(interface{ Reserve(int) bool }); ok && blocks > 0 {
+func (idx *index) reserve(blocks int) {
+	if t, ok := idx.pool.Index().(interface{ Reserve(int) bool }); ok {
 		t.Reserve(min(blocks, MaxIndexBlocks))
 	}
 }

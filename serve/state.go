@@ -243,9 +243,9 @@ func (s *Service) recoverState() (Recovered, error) {
 }
 
 // savedPools sums, by model, the KV pools (total_kv_blocks) of the saved
-// instances that publish events: their indexes are sized for them before
-// their snapshots load, rather than resized, every entry moved, as each
-// engine registers again (see index.reserve).
+// instances that publish events: their indexes are made sized for them
+// before their snapshots load, rather than resized, every entry moved, as
+// each engine registers again (see index.reserve).
 func savedPools(insts []savedInstance) map[modelKey]int {
 	pools := map[modelKey]int{}
 	for _, in := range insts {
@@ -267,8 +267,7 @@ func (s *Service) loadIndex(si savedIndex, version, blocks int) (*index, error) 
 	if version >= 2 && digest(data) != si.SHA256 {
 		return nil, fmt.Errorf("serve: state of %s:%s: %s is corrupt, or not the snapshot the state names (its SHA-256 differs)", si.Model, si.Tenant, si.File)
 	}
-	pool := s.cfg.pools().newPool(si.BlockSize)
-	reservePool(pool, blocks)
+	pool := s.cfg.pools().sizedFor(blocks).newPool(si.BlockSize)
 	_, bs, err := cluster.DecodeSnapshot(data, pool.ApplyEvent)
 	if err == nil && bs != si.BlockSize {
 		err = fmt.Errorf("block size %d, the state says %d", bs, si.BlockSize)
