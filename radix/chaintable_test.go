@@ -3,6 +3,7 @@ package radix
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -72,6 +73,65 @@ func TestChainTableDoubled(t *testing.T) {
 	if len(calls) != depth {
 		t.Fatalf("doubled %d times to depth %d", len(calls), depth)
 	}
+}
+
+// A segment whose entries fill it (7/8 of its slots) splits in two small
+// ones, small or full-size alike: a small one grows no longer to full size
+// first, which copied each entry once more. One whose sampled count ran
+// ahead of its entries (its counted entries are more than one in
+// countWeight) grows to full size instead, at its depth, so that the
+// count's error neither splits a segment early nor deepens the directory.
+func TestChainTableGrowth(t *testing.T) {
+	const runs, perRun = 2, 4096
+	rng := rand.New(rand.NewPCG(5, 6))
+	c := newTestChain(runs, perRun, func(int, int) uint64 { return rng.Uint64() })
+	fill := func(s *chainSeg, upTo int) {
+		for id := 1; id <= runs; id++ {
+			for off, h := range c.keys[id] {
+				if id*perRun+off >= perRun+upTo {
+					return
+				}
+				if _, ok := c.find(h); !ok {
+					v, _ := c.encode(c.fingerprint(h), loc(id, off))
+					c.put(s, v)
+				}
+			}
+		}
+	}
+	check := func(step string, upTo int, want ...int) {
+		t.Helper()
+		var lens []int
+		for _, s := range c.dir.Load().loaded() {
+			lens = append(lens, len(s.slots))
+		}
+		if !slices.Equal(lens, want) {
+			t.Fatalf("%s: segments of %v slots, want %v", step, lens, want)
+		}
+		for i := range upTo {
+			id, off := 1+i/perRun, i%perRun
+			if got, ok := c.find(c.keys[id][off]); !ok || got != loc(id, off) {
+				t.Fatalf("%s: entry %d/%d lost", step, id, off)
+			}
+		}
+	}
+	grow := func(upTo int) {
+		s := c.dir.Load().segs[0].Load()
+		fill(s, upTo)
+		if !c.grow(s) {
+			t.Fatalf("%d entries: grow refused", upTo)
+		}
+	}
+	ahead := segSmall*7/8 - segSmall*7/8/16 - 1 // under 15/16 of a small segment's maxUsed
+	grow(ahead)
+	check("a small segment, its count ahead", ahead, segSlots)
+	grow(segMaxUsed)
+	check("a full-size segment, full", segMaxUsed, segSmall, segSmall)
+	if d := c.dir.Load(); d.depth != 1 {
+		t.Fatalf("split to directory depth %d, want 1", d.depth)
+	}
+	c.init(c.keyOf)
+	grow(segSmall * 7 / 8)
+	check("a small segment, full", segSmall*7/8, segSmall, segSmall)
 }
 
 // checkReserveMoves reserves c, holding model's entries, for n: every
@@ -577,12 +637,18 @@ func BenchmarkChainTableClaims(b *testing.B) {
 			}
 		}
 	}
-	for _, bc := range []struct{ ahead, writers int }{{0, 1}, {8, 1}, {32, 1}, {8, 2}} {
-		b.Run(fmt.Sprintf("ahead=%d/writers=%d", bc.ahead, bc.writers), func(b *testing.B) {
+	for _, bc := range []struct {
+		table          string
+		ahead, writers int
+	}{{"reserved", 0, 1}, {"reserved", 8, 1}, {"reserved", 32, 1}, {"reserved", 8, 2}, {"grown", 8, 1}, {"grown", 8, 2}} {
+		b.Run(fmt.Sprintf("table=%s/ahead=%d/writers=%d", bc.table, bc.ahead, bc.writers), func(b *testing.B) {
 			for b.Loop() {
 				b.StopTimer()
 				c.init(c.keyOf)
-				c.reserve(256 * 16384)
+				if bc.table == "reserved" {
+					c.reserve(256 * 16384)
+				}
+				runtime.GC()
 				b.StartTimer()
 				var wg sync.WaitGroup
 				for g := range bc.writers {
