@@ -615,11 +615,13 @@ func TestChainSegProbeOrder(t *testing.T) {
 
 // BenchmarkChainTableClaims claims 5.7M random hashes (the field's corpus
 // claims as many) into a table reserved as the corpus's is (4.19M entries
-// at reserveLoad: 2,048 segments, 64 MiB), each home slot asked for ahead
-// hashes before its claim, as walker.claim does, or not at all (ahead=0),
-// by one writer or two (disjoint hashes). It is the table's share of a
-// store with nothing else around it: what a claim costs where every one
-// is a cache miss, and what a second core adds to that.
+// at reserveLoad: 2,048 segments, 64 MiB), or into one grown from a
+// single segment (table=grown: its splits, copies and new segments'
+// pages included), each home slot asked for ahead hashes before its
+// claim, as walker.claim does, or not at all (ahead=0), by one writer or
+// two (disjoint hashes). It is the table's share of a store with nothing
+// else around it: what a claim costs where every one is a cache miss, and
+// what a second core adds to that.
 func BenchmarkChainTableClaims(b *testing.B) {
 	const runs, perRun = 1390, 4096
 	rng := rand.New(rand.NewPCG(1, 2))
