@@ -87,6 +87,10 @@ type chainTable struct {
 	// doubled, if set, is called (under mu) when the directory doubles,
 	// with the segments it serves then.
 	doubled func(segs int)
+	// keysAhead, if set, loads what keyOf will read for each of a batch
+	// of locations, their cache misses overlapping: a resize reads every
+	// entry's engine hash (see adopt).
+	keysAhead func(locs []uint64)
 }
 
 // chainDir is a directory: segment i serves the fingerprints whose top
@@ -362,13 +366,23 @@ func (c *chainTable) adopt(d *chainDir) bool {
 	if !c.takes(d.depth) {
 		return false
 	}
-	var last *chainSeg
+	var (
+		last  *chainSeg
+		batch [moveBatch]uint64
+		n     int
+	)
 	for i := range old.segs {
 		if s := old.segs[i].Load(); s != last { // a segment serves adjacent slots
 			last = s
-			s.each(func(v uint64) { c.move(d, v) })
+			s.each(func(v uint64) {
+				if batch[n], n = v, n+1; n == len(batch) {
+					c.move(d, batch[:])
+					n = 0
+				}
+			})
 		}
 	}
+	c.move(d, batch[:n])
 	c.dir.Store(d)
 	c.nsegs = len(d.segs)
 	return true
@@ -392,17 +406,40 @@ func reservedDir(depth uint8) *chainDir {
 	return &chainDir{depth: depth, segs: segs, slab: slab, slabDepth: depth, reserved: reserved}
 }
 
-// move puts entry v into d, a reserved directory not yet published, at
-// its home there: the spare bits of its block's engine hash. An entry
-// whose block is gone (no writer leaves one) is dropped.
-func (c *chainTable) move(d *chainDir, v uint64) {
-	h, ok := c.keyOf(decode(v))
-	if !ok {
-		return
+// moveBatch is how many entries a resize moves at once, their engine
+// hashes read and their new homes asked for before any is placed: with
+// each read one after another, the writers waited 3.5 times as long:
+// 0.15 s a million entries, against 0.04 (results/README.md).
+const moveBatch = 32
+
+// move puts entries vs (at most moveBatch) into d, a reserved directory
+// not yet published, each at its home there: the spare bits of its
+// block's engine hash. An entry whose block is gone (no writer leaves
+// one) is dropped.
+func (c *chainTable) move(d *chainDir, vs []uint64) {
+	var (
+		locs  [moveBatch]uint64
+		homes [moveBatch]int
+	)
+	for i, v := range vs {
+		locs[i] = decode(v)
 	}
-	fp, spare := c.hashBits(h)
-	s := d.segs[fp>>(fpBits-d.depth)].Load()
-	c.place(s, v, int(spare))
+	if c.keysAhead != nil {
+		c.keysAhead(locs[:len(vs)])
+	}
+	for i := range vs {
+		homes[i] = -1
+		if h, ok := c.keyOf(locs[i]); ok {
+			fp, spare := c.hashBits(h)
+			homes[i] = int(fp>>(fpBits-d.depth)<<segBits | spare)
+			prefetch.Write(&d.slab[homes[i]])
+		}
+	}
+	for i, v := range vs {
+		if k := homes[i]; k >= 0 {
+			c.place(d.segs[k>>segBits].Load(), v, k&(segSlots-1))
+		}
+	}
 }
 
 // reserveDepth is the directory depth reserve gives n entries.

@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
+	"time"
 	"unsafe"
 
 	"github.com/kvradix/kvradix/kvevent"
@@ -499,3 +500,15 @@ type HookPoint = hookPoint
 
 // RaceEnabled reports whether the race detector is on (see raceEnabled).
 const RaceEnabled = raceEnabled
+
+// ReserveWait resizes t as Reserve does, without its warm, and returns how
+// long t's writers waited for it (false if it did not resize).
+func (t *CompressedTree) ReserveWait(blocks int) (time.Duration, bool) {
+	d := t.newReserved(blocks)
+	if d == nil {
+		return 0, false
+	}
+	start := time.Now()
+	ok := t.adopt(d)
+	return time.Since(start), ok
+}
