@@ -124,25 +124,25 @@ type slabSet struct {
 
 func (r *slabSet) has(k uint64) bool { return r.bits[k/64].Load()&(1<<(k%64)) != 0 }
 
-// chainSeg is one segment: 8-byte slots, 0 empty, chainTomb deleted,
-// read and swapped atomically once published. A segment whose entries
-// fill it splits into two of segSmall slots: the table's load swings
-// between 0.44 and 7/8 (full-size halves would swing from 0.44 too, but
-// leave the trace's 5.7M blocks at 0.67 where small ones leave them at
-// 0.77), and a segment copies two entries, in cache, for each it takes.
-// Growing a small segment to segSlots before it split, as the table did,
-// kept its load from 0.5 for 3.75 copies: a grown table's claims spent
-// 39% of their time copying, and its fresh store was 18% slower
-// (results/README.md). Only a small segment whose sampled count ran ahead
-// of its entries (see below), which are then under 15/16 of its limit,
-// still grows to segSlots: so that the count's error splits none early,
-// nor deepens the directory (the trace's 5.7M blocks would take 4,096
-// directory slots, not 2,048, and twice the warm: see warmAhead). The slots are an allocation of their own, of
-// 28 or 32 KiB (size classes of Go's allocator: with the header they
-// would take a span a page larger), or a share of a reserved table's (see
-// reserve), and the header takes two cache lines: the count, written by
-// writers on any core, on a line of its own, apart from the fields every
-// probe reads.
+// chainSeg is one segment: 8-byte slots, 0 empty, chainTomb deleted, read
+// and swapped atomically once published. A segment whose entries fill it
+// splits into two of segSmall slots: the table's load swings between 0.44
+// and 7/8 (full-size halves would swing from 0.44 too, but leave the
+// trace's 5.7M blocks at 0.67 where small ones leave them at 0.77), and a
+// segment copies two entries, in cache, for each it takes. Growing a small
+// segment to segSlots before it split, as the table did, kept its load
+// from 0.5 for 3.75 copies: a grown table's claims spent 39% of their time
+// copying, and its fresh store was 18% slower (results/README.md). Only a
+// small segment whose sampled count ran ahead of its entries (see below),
+// which are then under 15/16 of its limit, still grows to segSlots: so
+// that the count's error splits none early, nor deepens the directory (the
+// trace's 5.7M blocks would take 4,096 directory slots, not 2,048, and
+// twice the warm: see warmAhead). The slots are an allocation of their
+// own, of 28 or 32 KiB (size classes of Go's allocator: with the header
+// they would take a span a page larger), or a share of a reserved table's
+// (see reserve), and the header takes two cache lines: the count, written
+// by writers on any core, on a line of its own, apart from the fields
+// every probe reads.
 //
 // The count is sampled: only an entry whose fingerprint the table's salt
 // picks (one in countWeight) counts, for countWeight entries, when it is

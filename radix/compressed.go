@@ -426,14 +426,14 @@ func NewCompressedTreeSized(blocks int) *CompressedTree {
 // Reserve sizes t's table of engine hashes for blocks distinct blocks, as
 // NewCompressedTreeSized does, where it is sized for fewer: for a service
 // that learns the engines' pools as they register (Dynamo's
-// total_kv_blocks) rather than when it makes the index. The entries of
-// the blocks t holds move into the new table, each one's engine hash read
-// for its place there, a batch at a time, while stores and removals wait
-// (it takes every writer stripe; lookups go on): about 0.04 s for a
-// million blocks here (BenchmarkCompressedReserve), the new table made
-// resident before they wait. The heap the runs grow into is then warmed in the background
-// (pages.WarmAhead), not by the caller. It reports whether it resized:
-// not where the table is as large already.
+// total_kv_blocks) rather than when it makes the index. The entries of the
+// blocks t holds move into the new table, each one's engine hash read for
+// its place there, a batch at a time, while stores and removals wait (it
+// takes every writer stripe; lookups go on): about 0.04 s for a million
+// blocks here (BenchmarkCompressedReserve), the new table made resident
+// before they wait. The heap the runs grow into is then warmed in the
+// background (pages.WarmAhead), not by the caller. It reports whether it
+// resized: not where the table is as large already.
 func (t *CompressedTree) Reserve(blocks int) bool {
 	t.ready()
 	if blocks <= 0 || !t.reserve(blocks) {
