@@ -5,10 +5,10 @@ import (
 	"runtime"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/internal/pages"
+	"github.com/kvradix/kvradix/internal/testwait"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
 	"github.com/kvradix/kvradix/trace"
@@ -80,9 +80,8 @@ func buildShaped(b *testing.B, newIndex func() radix.Index, reqs []shapedReq) (r
 			b.Fatal(err)
 		}
 	}
-	for pages.Warming() { // a grown tree's warm ahead holds heap it drops
-		time.Sleep(time.Millisecond)
-	}
+	// A grown tree's warm ahead holds heap it drops when it ends.
+	testwait.For(b, "the warm ahead to end", func() bool { return !pages.Warming() })
 	runtime.GC()
 	runtime.GC()
 	runtime.ReadMemStats(&after)

@@ -21,6 +21,7 @@ import (
 	"github.com/kvradix/kvradix/hashing"
 	"github.com/kvradix/kvradix/ingest/vllm"
 	"github.com/kvradix/kvradix/internal/leaks"
+	"github.com/kvradix/kvradix/internal/pages"
 	"github.com/kvradix/kvradix/internal/testwait"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix/holdings"
@@ -691,14 +692,12 @@ func TestTiers(t *testing.T) {
 	}
 }
 
-// A service with Config.IndexBlocks sizes each model's index when it
-// creates it (its table's memory taken then, not as it fills), and
-// answers as one grown as it fills.
 // Engines that publish events and register with total_kv_blocks size
 // their model's index for their pools summed, as IndexBlocks does: the
 // table's memory (8 bytes a block or more) is taken by the time they are
-// active, against none for engines registered without it; and the index
-// then takes their events as before.
+// active, against none for engines registered without it (the heap the
+// resize warms in the background dropped first); and the index then
+// takes their events as before.
 func TestRegisteredPoolsSizeTheIndex(t *testing.T) {
 	const engines, pool = 2, 1 << 19
 	grew := map[int]int64{}
@@ -708,6 +707,7 @@ func TestRegisteredPoolsSizeTheIndex(t *testing.T) {
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 		pubs := registerPools(t, svc, engines, p)
+		testwait.For(t, "the resize's warm ahead to end", func() bool { return !pages.Warming() })
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		grew[p] = int64(after.HeapAlloc) - int64(before.HeapAlloc)
@@ -736,6 +736,9 @@ func TestRegisteredPoolsSizeTheIndex(t *testing.T) {
 	}
 }
 
+// A service with Config.IndexBlocks sizes each model's index when it
+// creates it (its table's memory taken then, not as it fills), and
+// answers as one grown as it fills.
 func TestIndexBlocks(t *testing.T) {
 	const blocks = 1 << 20
 	answers, grew := map[int]serve.Scores{}, map[int]int64{}
