@@ -626,26 +626,21 @@ func (c *chainTable) grow(s *chainSeg) bool {
 	if s.crowded && countLive(s) >= segMaxUsed || !s.frozen.CompareAndSwap(false, true) {
 		return s.frozen.Load()
 	}
-	live := countLive(s) // frozen: exact
+	live, ones := census(s) // frozen: exact
 	switch {
 	case live < s.maxUsed()/2:
 		c.publish([]*chainSeg{s}, []*chainSeg{c.rebuilt(s.depth, len(s.slots), s)})
 	case len(s.slots) < segSlots && live < s.maxUsed()-s.maxUsed()/16:
 		c.publish([]*chainSeg{s}, []*chainSeg{c.rebuilt(s.depth, segSlots, s)})
-	case !c.splits(s, live):
+	case !c.splits(s, live, ones):
 		n := c.rebuilt(s.depth, segSlots, s)
 		n.crowded = true
 		c.publish([]*chainSeg{s}, []*chainSeg{n})
 	default:
-		a, b := newSeg(s.depth+1, segSmall), newSeg(s.depth+1, segSmall)
-		s.each(func(v uint64) {
-			if slotFP(v)>>(fpBits-a.depth)&1 == 0 {
-				c.put(a, v)
-			} else {
-				c.put(b, v)
-			}
-		})
-		c.publish([]*chainSeg{s}, []*chainSeg{a, b})
+		parts := []*chainSeg{newSeg(s.depth+1, segSmall), newSeg(s.depth+1, segSmall)}
+		shift := fpBits - 1 - s.depth
+		s.each(func(v uint64) { c.put(parts[slotFP(v)>>shift&1], v) }) // no branch on the half
+		c.publish([]*chainSeg{s}, parts)
 	}
 	return true
 }
@@ -659,9 +654,10 @@ const (
 )
 
 // splits reports whether splitting s (frozen, full size, holding live
-// entries) makes room: each half must fit a small segment at most at the
-// load at which it grows, and take at least an eighth of the entries; and
-// a split that doubles the directory must leave it within its bounds.
+// entries, ones of them for its second half: see census) makes room: each
+// half must fit a small segment at most at the load at which it grows,
+// and take at least an eighth of the entries; and a split that doubles
+// the directory must leave it within its bounds.
 // None fails by chance: the halves of a segment's random fingerprints
 // differ by tens of entries, not thousands, and an honest table has about
 // a segment a directory slot. An engine choosing its hashes could only
@@ -670,12 +666,10 @@ const (
 // made a split loop forever putting them in one half, and entries sharing
 // ever longer prefixes doubled the directory at every split, to 2 GiB at
 // the deepest.
-func (c *chainTable) splits(s *chainSeg, live int) bool {
+func (c *chainTable) splits(s *chainSeg, live, ones int) bool {
 	if s.depth == fpBits {
 		return false
 	}
-	ones := 0
-	s.each(func(v uint64) { ones += int(slotFP(v) >> (fpBits - 1 - s.depth) & 1) })
 	if max(ones, live-ones) > segSmall*7/8 || min(ones, live-ones) < live/8 {
 		return false
 	}
@@ -769,9 +763,20 @@ func (c *chainTable) place(s *chainSeg, v uint64, home int) {
 
 // countLive counts s's entries.
 func countLive(s *chainSeg) int {
-	live := 0
-	s.each(func(uint64) { live++ })
+	live, _ := census(s)
 	return live
+}
+
+// census counts s's entries, and those of them a split of s would put in
+// its second half (see splits; none at the deepest, which no split
+// parts), in one pass.
+func census(s *chainSeg) (live, ones int) {
+	shift := max(fpBits-1-int(s.depth), 0)
+	s.each(func(v uint64) {
+		live++
+		ones += int(slotFP(v) >> shift & 1)
+	})
+	return live, ones
 }
 
 // publish replaces olds (frozen, adjacent in the directory) by parts,
