@@ -134,6 +134,44 @@ func TestChainTableGrowth(t *testing.T) {
 	check("a small segment, full", segSmall*7/8, segSmall, segSmall)
 }
 
+// A segment whose sampled count says it is full before it is (here, its
+// first entries all of the ones the count counts) is recounted and left
+// as it is, the count's lead recorded: it is reshaped only once its used
+// slots are within 1/16 of its maxUsed, and then split in two, never grown
+// first.
+func TestChainTableRecount(t *testing.T) {
+	const perRun, skewed = 4096, 400
+	rng := rand.New(rand.NewPCG(9, 10))
+	c := newTestChain(1, perRun, func(int, int) uint64 { return rng.Uint64() })
+	for off := range skewed { // keys the count counts, each for countWeight
+		for h := c.keys[1][off]; ; h = rng.Uint64() {
+			if c.counted(c.fingerprint(h)) {
+				c.keys[1][off] = h
+				break
+			}
+		}
+	}
+	first := c.dir.Load().segs[0].Load()
+	for off := range perRun {
+		if !c.claim(c.keys[1][off], loc(1, off)) {
+			t.Fatalf("claim %d refused", off)
+		}
+		if s := c.dir.Load().segs[0].Load(); s != first {
+			if full := segSmall * 7 / 8; off+1 < full-full/16 {
+				t.Fatalf("reshaped at %d entries, under 15/16 of the %d a small segment holds", off+1, full)
+			}
+			if segs := distinct(c.dir.Load().loaded()); len(segs) != 2 || len(segs[0].slots) != segSmall || len(segs[1].slots) != segSmall {
+				t.Fatalf("the first reshape, at %d entries, left %d segments, want a split in two small ones", off+1, len(segs))
+			}
+			return
+		}
+		if off == skewed-1 && first.ahead.Load() <= 0 {
+			t.Fatalf("after %d counted entries (%d by the count), the count's lead is %d", skewed, used(first.count.Load()), first.ahead.Load())
+		}
+	}
+	t.Fatal("never reshaped")
+}
+
 // checkReserveMoves reserves c, holding model's entries, for n: every
 // entry is then found where it was, in a reserved directory as deep as n
 // asks, whose homes are computed (checkHomeSlots), and reserving it again
@@ -823,4 +861,16 @@ func chainLive(c *testChain) int {
 		}
 	}
 	return n
+}
+
+// distinct returns segs without repeats (a segment serves adjacent
+// directory slots).
+func distinct(segs []*chainSeg) []*chainSeg {
+	var out []*chainSeg
+	for _, s := range segs {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
