@@ -139,12 +139,11 @@ func (r *slabSet) has(k uint64) bool { return r.bits[k/64].Load()&(1<<(k%64)) !=
 // would take 4,096 directory slots, not 2,048, and twice the warm: see
 // warmAhead). Only a small segment used past 15/16 of its limit by
 // tombstones as much as by entries still grows to segSlots (see grow).
-// The slots are an allocation of their
-// own, of 28 or 32 KiB (size classes of Go's allocator: with the header
-// they would take a span a page larger), or a share of a reserved table's
-// (see reserve), and the header takes two cache lines: the count, written
-// by writers on any core, on a line of its own, apart from the fields
-// every probe reads.
+// The slots are an allocation of their own, of 28 or 32 KiB (size classes
+// of Go's allocator: with the header they would take a span a page
+// larger), or a share of a reserved table's (see reserve), and the header
+// takes two cache lines: the count, written by writers on any core, on a
+// line of its own, apart from the fields every probe reads.
 //
 // The count is sampled: only an entry whose fingerprint the table's salt
 // picks (one in countWeight) counts, for countWeight entries, when it is
@@ -156,12 +155,14 @@ func (r *slabSet) has(k uint64) bool { return r.bits[k/64].Load()&(1<<(k%64)) !=
 // way in and out keeps the estimate unbiased and never negative; the
 // decisions it triggers count the segment before they act: an insert
 // finding it full recounts its used slots (recounted), and a reshape
-// (grow, merge) counts its entries exactly, frozen. The salt is random, so that engines cannot choose
-// hashes that all count (the estimate sixteen times the truth would
-// rebuild the segment on every insert). Even sampled, a count written on
-// one core took the line from the other's probes, which read the slots
-// and the length beside it: the count has its own line (two writers 8%
-// faster on the field's corpus, results/README.md).
+// (grow, merge) counts its entries exactly, frozen. The salt is random,
+// so that engines cannot choose hashes that all count (with the estimate
+// sixteen times the truth, a segment would be recounted some forty times
+// as it filled, ever more often towards full).
+// Even sampled, a count written on one core took the line from the
+// other's probes, which read the slots and the length beside it: the
+// count has its own line (two writers 8% faster on the field's corpus,
+// results/README.md).
 type chainSeg struct {
 	slots   []uint64
 	depth   uint8        // its local depth: the directory bits its fingerprints share
@@ -796,8 +797,8 @@ func countLive(s *chainSeg) int {
 }
 
 // census counts s's entries, and those of them a split of s would put in
-// its second half (see splits; none at the deepest, which no split
-// parts), in one pass.
+// its second half (see splits), in one pass. At the deepest, where no
+// split parts a segment, ones means nothing.
 func census(s *chainSeg) (live, ones int) {
 	shift := max(fpBits-1-int(s.depth), 0)
 	s.each(func(v uint64) {
