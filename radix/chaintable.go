@@ -220,6 +220,11 @@ func (s *chainSeg) next(i, home int) int {
 // grows s: linear probes stay within a few lines.
 func (s *chainSeg) maxUsed() int { return len(s.slots) * 7 / 8 }
 
+// nearFull is 15/16 of s's maxUsed: a segment whose sampled count says it
+// is full but that uses fewer slots is left as it is (see recounted), and
+// a small one holding fewer entries is not split (see grow).
+func (s *chainSeg) nearFull() int { return s.maxUsed() - s.maxUsed()/16 }
+
 // mergeBelow is the entries, as s's count estimates them, under which s
 // merges with its buddy (see merge): an eighth of its slots, or for a
 // segment reserve made, one counted entry, so that it merges once its
@@ -618,7 +623,7 @@ func (c *chainTable) await(s *chainSeg, fp uint64) {
 }
 
 // recounted reports whether s, whose count says it is full, is not: its
-// used slots, counted now, are under 15/16 of its maxUsed. It then records
+// used slots, counted now, are under nearFull. It then records
 // how far the count ran ahead (ahead), so that the count says full again
 // only once the slots used since make up the difference. A count sampled
 // 1 in 16 is ~200 entries off a small segment's at full (one standard
@@ -634,7 +639,7 @@ func (c *chainTable) recounted(s *chainSeg) bool {
 			n++
 		}
 	}
-	if n >= s.maxUsed()-s.maxUsed()/16 {
+	if n >= s.nearFull() {
 		return false
 	}
 	s.ahead.Store(int32(used(s.count.Load()) - n))
@@ -659,7 +664,7 @@ func (c *chainTable) grow(s *chainSeg) bool {
 	switch {
 	case live < s.maxUsed()/2:
 		c.publish([]*chainSeg{s}, []*chainSeg{c.rebuilt(s.depth, len(s.slots), s)})
-	case len(s.slots) < segSlots && live < s.maxUsed()-s.maxUsed()/16:
+	case len(s.slots) < segSlots && live < s.nearFull():
 		c.publish([]*chainSeg{s}, []*chainSeg{c.rebuilt(s.depth, segSlots, s)})
 	case !c.splits(s, live, ones):
 		n := c.rebuilt(s.depth, segSlots, s)

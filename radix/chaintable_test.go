@@ -77,10 +77,11 @@ func TestChainTableDoubled(t *testing.T) {
 
 // A segment whose entries fill it (7/8 of its slots) splits in two small
 // ones, small or full-size alike: a small one grows no longer to full size
-// first, which copied each entry once more. One whose sampled count ran
-// ahead of its entries (its counted entries are more than one in
-// countWeight) grows to full size instead, at its depth, so that the
-// count's error neither splits a segment early nor deepens the directory.
+// first, which copied each entry once more. A small one made to grow while
+// its entries are under nearFull (tombstones filling the rest, or here a
+// count run ahead, which claims recount first: TestChainTableRecount)
+// grows to full size instead, at its depth, so that it neither splits
+// early nor deepens the directory.
 func TestChainTableGrowth(t *testing.T) {
 	const runs, perRun = 2, 4096
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -121,7 +122,7 @@ func TestChainTableGrowth(t *testing.T) {
 			t.Fatalf("%d entries: grow refused", upTo)
 		}
 	}
-	ahead := segSmall*7/8 - segSmall*7/8/16 - 1 // under 15/16 of a small segment's maxUsed
+	ahead := (&chainSeg{slots: make([]uint64, segSmall)}).nearFull() - 1
 	grow(ahead)
 	check("a small segment, its count ahead", ahead, segSlots)
 	grow(segMaxUsed)
@@ -157,8 +158,8 @@ func TestChainTableRecount(t *testing.T) {
 			t.Fatalf("claim %d refused", off)
 		}
 		if s := c.dir.Load().segs[0].Load(); s != first {
-			if full := segSmall * 7 / 8; off+1 < full-full/16 {
-				t.Fatalf("reshaped at %d entries, under 15/16 of the %d a small segment holds", off+1, full)
+			if off+1 < first.nearFull() {
+				t.Fatalf("reshaped at %d entries, under the %d a small segment holds nearly full", off+1, first.nearFull())
 			}
 			if segs := distinct(c.dir.Load().loaded()); len(segs) != 2 || len(segs[0].slots) != segSmall || len(segs[1].slots) != segSmall {
 				t.Fatalf("the first reshape, at %d entries, left %d segments, want a split in two small ones", off+1, len(segs))

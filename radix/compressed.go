@@ -302,10 +302,11 @@ func (t *CompressedTree) ownHash(loc uint64) (uint64, bool) {
 	return (*eng)[off], true
 }
 
-// ownHashesAhead loads, for a batch of locations, what ownHash will read
-// for each (its run, the run's array, the hash), a step at a time across
-// the batch, so that their cache misses overlap instead of following one
-// another. The loads are atomic, so not optimised away.
+// ownHashesAhead loads, for a batch of locations (at most moveBatch: see
+// chainTable.move), what ownHash will read for each (its run, the run's
+// array, the hash), a step at a time across the batch, so that their
+// cache misses overlap instead of following one another. The loads are
+// atomic, so not optimised away.
 func (t *CompressedTree) ownHashesAhead(locs []uint64) {
 	var engs [moveBatch]*[]uint64
 	for i, loc := range locs {
