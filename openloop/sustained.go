@@ -3,7 +3,6 @@ package openloop
 import (
 	"fmt"
 	"math"
-	"slices"
 	"time"
 
 	"github.com/kvradix/kvradix/internal/stats"
@@ -43,6 +42,7 @@ type Sustained struct {
 	BlockOpsPerSec float64          `json:"sustained_block_ops_per_sec"`
 	PerLaneCPU     float64          `json:"sustained_block_ops_per_lane_cpu_sec"`
 	Points         []SustainedPoint `json:"points"`
+	Trials         *Trials          `json:"trials,omitempty"` // the confirmation at the sustained point, if run
 }
 
 // Passes reports whether one process's run passes a point.
@@ -100,12 +100,120 @@ func FindSustained(first, longest time.Duration, run func(w time.Duration, k int
 			fail = w
 		}
 	}
-	for _, p := range rep.Points {
-		if p.Passed && p.OfferedBlockOpsPerSec > rep.BlockOpsPerSec {
-			xs := slices.Clone(p.BlockOpsPerLaneCPU)
-			slices.Sort(xs)
-			rep.BlockOpsPerSec, rep.PerLaneCPU = p.OfferedBlockOpsPerSec, stats.Percentile(xs, 0.5)
-		}
+	if p := rep.point(); p != nil {
+		rep.BlockOpsPerSec, rep.PerLaneCPU = p.OfferedBlockOpsPerSec, stats.Median(p.BlockOpsPerLaneCPU)
 	}
 	return rep, nil
+}
+
+// point returns the sustained point: the passing point of the fastest
+// offered rate, or nil if none passed.
+func (s *Sustained) point() *SustainedPoint {
+	var best *SustainedPoint
+	for i, p := range s.Points {
+		if p.Passed && (best == nil || p.OfferedBlockOpsPerSec > best.OfferedBlockOpsPerSec) {
+			best = &s.Points[i]
+		}
+	}
+	return best
+}
+
+// Trials is the confirmation the field runs after the search: fresh
+// processes at the sustained point's window, alternating two arms of the
+// same binary and arguments, A and A' (an A/A control), each figure with
+// a 95% percentile-bootstrap interval. The A/A ratio is how far two runs
+// of one binary differ on this machine at this hour: a difference
+// between two binaries inside its interval is not one this machine can
+// show.
+type Trials struct {
+	WindowMs              float64    `json:"window_ms"`
+	OfferedBlockOpsPerSec float64    `json:"offered_block_ops_per_sec"`
+	Runs                  []TrialRun `json:"runs"`
+	PassedFraction        float64    `json:"passed_fraction"` // the runs that pass the point (Result.Passes)
+	// Every run's block operations per second achieved, and per second
+	// of the index's CPU: the median and its interval.
+	AchievedBlockOpsPerSec Estimate `json:"achieved_block_ops_per_sec"`
+	BlockOpsPerLaneCPU     Estimate `json:"achieved_block_ops_per_lane_cpu_sec"`
+	// AAPerLaneCPURatio is arm A's median per lane CPU-second over arm
+	// A''s, with its interval (each arm resampled on its own).
+	AAPerLaneCPURatio Estimate `json:"aa_per_lane_cpu_ratio"`
+}
+
+// TrialRun is one fresh process of the trials.
+type TrialRun struct {
+	Arm                    string  `json:"arm"` // "A" or "A'"
+	Passed                 bool    `json:"passed"`
+	AchievedBlockOpsPerSec float64 `json:"achieved_block_ops_per_sec"`
+	BlockOpsPerLaneCPU     float64 `json:"achieved_block_ops_per_lane_cpu_sec"`
+}
+
+// Estimate is a median and its 95% bootstrap interval.
+type Estimate struct {
+	Median float64    `json:"median"`
+	CI95   [2]float64 `json:"ci95"`
+}
+
+// bootstrap is how the trials' intervals are drawn: resamples and a fixed
+// seed, so that the same runs give the same report.
+const (
+	bootstrapResamples = 2000
+	bootstrapSeed      = 1
+)
+
+// Confirm runs n trials (see Trials) at the sustained point, after
+// FindSustained: run and stopped are as there, k counting the trials. It
+// does nothing where no point passed, and an interrupted confirmation
+// keeps the runs it has.
+func (s *Sustained) Confirm(n int, run func(w time.Duration, k int) (*Result, error), stopped func() bool) error {
+	p := s.point()
+	if p == nil || n <= 0 {
+		return nil
+	}
+	w := time.Duration(math.Round(p.WindowMs * 1e6))
+	t := &Trials{WindowMs: p.WindowMs, OfferedBlockOpsPerSec: p.OfferedBlockOpsPerSec}
+	s.Trials = t
+	for k := 0; k < n && !stopped(); k++ {
+		r, err := run(w, k)
+		if err != nil {
+			return fmt.Errorf("trial %d at window %v: %w", k+1, w, err)
+		}
+		t.Runs = append(t.Runs, TrialRun{Arm: [2]string{"A", "A'"}[k%2], Passed: r.Passes(),
+			AchievedBlockOpsPerSec: r.AchievedBlockOpsPerSec, BlockOpsPerLaneCPU: r.AchievedBlockOpsPerLaneCPU})
+	}
+	t.summarise()
+	return nil
+}
+
+// summarise computes the trials' fractions and estimates from their runs.
+func (t *Trials) summarise() {
+	if len(t.Runs) == 0 {
+		return
+	}
+	var achieved, lane []float64
+	var arms [2][]float64 // per lane CPU-second: A, A'
+	passed := 0
+	for _, r := range t.Runs {
+		if r.Passed {
+			passed++
+		}
+		achieved, lane = append(achieved, r.AchievedBlockOpsPerSec), append(lane, r.BlockOpsPerLaneCPU)
+		arm := 0
+		if r.Arm != "A" {
+			arm = 1
+		}
+		arms[arm] = append(arms[arm], r.BlockOpsPerLaneCPU)
+	}
+	t.PassedFraction = float64(passed) / float64(len(t.Runs))
+	median := func(g [][]float64) float64 { return stats.Median(g[0]) }
+	t.AchievedBlockOpsPerSec = estimate(median, [][]float64{achieved})
+	t.BlockOpsPerLaneCPU = estimate(median, [][]float64{lane})
+	if len(arms[1]) > 0 {
+		t.AAPerLaneCPURatio = estimate(func(g [][]float64) float64 { return stats.Median(g[0]) / stats.Median(g[1]) }, arms[:])
+	}
+}
+
+// estimate is stat of groups with its 95% bootstrap interval.
+func estimate(stat func([][]float64) float64, groups [][]float64) Estimate {
+	lo, hi := stats.BootstrapCI(groups, stat, 0.95, bootstrapResamples, bootstrapSeed)
+	return Estimate{Median: stat(groups), CI95: [2]float64{lo, hi}}
 }

@@ -60,6 +60,74 @@ func TestFindSustained(t *testing.T) {
 	}
 }
 
+// The trials after a search run at the sustained point's window,
+// alternating the arms A and A'; they report the share that passed, each
+// figure's median with an interval around it, and the A/A ratio of the
+// arms' per-lane figures with an interval holding the true one. No
+// passing point, no trials; a failed process is an error; a stop keeps
+// the trials run.
+func TestConfirmSustained(t *testing.T) {
+	rep := Sustained{Points: []SustainedPoint{
+		{WindowMs: 200, OfferedBlockOpsPerSec: 5e6, Passed: true},
+		{WindowMs: 100, OfferedBlockOpsPerSec: 10e6, Passed: true},
+		{WindowMs: 50, OfferedBlockOpsPerSec: 20e6},
+	}}
+	const n = 20
+	var windows []time.Duration
+	run := func(w time.Duration, k int) (*Result, error) {
+		windows = append(windows, w)
+		lane := 10e6 + float64(k%5)*1e5 // arm A (even k) and A' (odd) spread alike
+		if k%2 == 1 {
+			lane *= 1.5 // ... but A' is half as fast again
+		}
+		r := &Result{OfferedBlockOpsPerSec: 10e6, AchievedBlockOpsPerSec: 10e6, KeptUp: k%4 != 3, GeneratorValid: true, AchievedBlockOpsPerLaneCPU: lane}
+		return r, nil
+	}
+	if err := rep.Confirm(n, run, func() bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	tr := rep.Trials
+	if tr == nil || len(tr.Runs) != n || tr.WindowMs != 100 || tr.OfferedBlockOpsPerSec != 10e6 {
+		t.Fatalf("%+v", tr)
+	}
+	for k, w := range windows {
+		if w != 100*time.Millisecond {
+			t.Fatalf("trial %d at window %v, want the sustained point's 100ms", k+1, w)
+		}
+		if want := [2]string{"A", "A'"}[k%2]; tr.Runs[k].Arm != want {
+			t.Fatalf("trial %d in arm %q, want %q", k+1, tr.Runs[k].Arm, want)
+		}
+	}
+	if tr.PassedFraction != 0.75 {
+		t.Fatalf("passed %v, want 0.75", tr.PassedFraction)
+	}
+	within := func(name string, e Estimate, want float64) {
+		t.Helper()
+		if !(e.CI95[0] <= e.Median && e.Median <= e.CI95[1] && e.CI95[0] <= want && want <= e.CI95[1]) {
+			t.Fatalf("%s: %+v does not hold %v", name, e, want)
+		}
+	}
+	within("achieved", tr.AchievedBlockOpsPerSec, 10e6)
+	within("per lane CPU", tr.BlockOpsPerLaneCPU, tr.BlockOpsPerLaneCPU.Median)
+	within("A/A ratio", tr.AAPerLaneCPURatio, 1/1.5)
+	if tr.AAPerLaneCPURatio.CI95[1] >= 1 {
+		t.Fatalf("A/A ratio %+v: the arms' difference is not shown", tr.AAPerLaneCPURatio)
+	}
+
+	none := Sustained{Points: []SustainedPoint{{WindowMs: 50, Passed: false}}}
+	if err := none.Confirm(n, run, func() bool { return false }); err != nil || none.Trials != nil {
+		t.Fatalf("no passing point: %v, %+v", err, none.Trials)
+	}
+	boom := errors.New("boom")
+	if err := rep.Confirm(n, func(time.Duration, int) (*Result, error) { return nil, boom }, func() bool { return false }); !errors.Is(err, boom) {
+		t.Fatalf("a failed process: %v", err)
+	}
+	stops := 0
+	if err := rep.Confirm(n, run, func() bool { stops++; return stops > 3 }); err != nil || len(rep.Trials.Runs) != 3 {
+		t.Fatalf("stopped after 3: %v, %d runs", err, len(rep.Trials.Runs))
+	}
+}
+
 // A sweep halves the window while runs pass (doubles it while they fail),
 // then bisects; its result is the run at the shortest passing window (the
 // last run if none passed), carrying every step.

@@ -67,6 +67,7 @@ type indexerConfig struct {
 	corpusFile string // an SMGMCK01 corpus to replay instead of building one
 	windowSet  bool   // -duration was given
 	sustained  bool
+	trials     int  // fresh processes confirming the sustained point
 	sized      bool // compressed pools' tables sized for the engines' pools summed
 }
 
@@ -88,6 +89,7 @@ func (c *indexerConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.memprofile, "memprofile", "", "write a heap profile to `file` at the end")
 	fs.BoolVar(&c.sized, "sized", false, "size the compressed pool's table of engine hashes up front for the engines' pools summed (workers x dup x -blocks): no segment splits as it fills")
 	fs.BoolVar(&c.sustained, "sustained", false, "find the sustained rate: each point in 3 fresh processes, all kept up at >= 99% of offered; the window halves from -duration, then bisects to 10% (one indexer: -compare and -lanes)")
+	fs.IntVar(&c.trials, "trials", 0, "with -sustained: then run this many fresh processes at the sustained point, alternating two arms of the same binary (an A/A control), and report each figure's median with a 95% bootstrap interval and the A/A ratio's (the field: 20)")
 	c.out.register(fs)
 }
 
@@ -125,6 +127,10 @@ func (c *indexerConfig) validateRun() error {
 		return fmt.Errorf("-query-lanes %d, want in [1, 1024]", c.proto.QueryLanes)
 	case c.repeat < 1 || c.repeat > 100:
 		return fmt.Errorf("-repeat %d, want in [1, 100]", c.repeat)
+	case c.trials < 0 || c.trials > 100:
+		return fmt.Errorf("-trials %d, want in [0, 100]", c.trials)
+	case c.trials > 0 && !c.sustained:
+		return fmt.Errorf("-trials %d confirms a sustained point: it needs -sustained", c.trials)
 	}
 	return nil
 }
@@ -158,7 +164,7 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	intr, release := watch(stop)
 	defer release()
 	if c.sustained {
-		return runSustained(args, c.window, c.out, stdout, stderr, intr)
+		return runSustained(args, c.window, c.trials, c.out, stdout, stderr, intr)
 	}
 	if c.repeat > 1 {
 		return runRepeated(args, c.repeat, c.out, stdout, stderr, intr)

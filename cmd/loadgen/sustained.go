@@ -7,7 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvradix/kvradix/openloop"
@@ -15,9 +15,10 @@ import (
 
 // runSustained searches the sustained rate of one indexer (args name it,
 // with -compare and -lanes) by the field's threshold protocol
-// (openloop.FindSustained), each run in a fresh process.
-func runSustained(args []string, window time.Duration, out output, stdout, stderr io.Writer, intr *interrupt) error {
-	child := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "-sustained" || a == "--sustained" })
+// (openloop.FindSustained), then confirms it in trials fresh processes
+// (openloop.Sustained.Confirm), each run in a fresh process.
+func runSustained(args []string, window time.Duration, trials int, out output, stdout, stderr io.Writer, intr *interrupt) error {
+	child := childArgs(args)
 	run := func(w time.Duration, k int) (*openloop.Result, error) {
 		rs, err := runChild(append(child, "-duration", w.String()), stderr, intr)
 		if err != nil {
@@ -32,6 +33,9 @@ func runSustained(args []string, window time.Duration, out output, stdout, stder
 		return r, nil
 	}
 	rep, err := openloop.FindSustained(window, maxDuration, run, intr.Load)
+	if err == nil {
+		err = rep.Confirm(trials, run, intr.Load)
+	}
 	if err != nil {
 		return err
 	}
@@ -39,11 +43,42 @@ func runSustained(args []string, window time.Duration, out output, stdout, stder
 	err = out.write(stdout, rep, func() {
 		fmt.Fprintf(stdout, "sustained: %.3gM block-ops/s (%.3gM per second of the index's CPU), %d points\n",
 			rep.BlockOpsPerSec/1e6, rep.PerLaneCPU/1e6, len(rep.Points))
+		if t := rep.Trials; t != nil {
+			fmt.Fprintf(stdout, "trials: %d at %.3gM offered, %.0f%% passed; per second of the index's CPU %s; A/A ratio %.3f [%.3f, %.3f]\n",
+				len(t.Runs), t.OfferedBlockOpsPerSec/1e6, 100*t.PassedFraction, millions(t.BlockOpsPerLaneCPU),
+				t.AAPerLaneCPURatio.Median, t.AAPerLaneCPURatio.CI95[0], t.AAPerLaneCPURatio.CI95[1])
+		}
 	}, func() {})
 	if err == nil && intr.Load() {
 		err = errInterrupted
 	}
 	return err
+}
+
+// childArgs returns the arguments of a search's fresh processes: args
+// (parsed already) without -sustained and -trials, in any of their forms.
+func childArgs(args []string) []string {
+	var child []string
+	for i := 0; i < len(args); i++ {
+		name, _, hasValue := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+		switch {
+		case !strings.HasPrefix(args[i], "-"):
+			child = append(child, args[i])
+		case name == "sustained":
+		case name == "trials":
+			if !hasValue {
+				i++ // its value is the next argument
+			}
+		default:
+			child = append(child, args[i])
+		}
+	}
+	return child
+}
+
+// millions formats an estimate in millions: the median and its interval.
+func millions(e openloop.Estimate) string {
+	return fmt.Sprintf("%.3gM [%.3gM, %.3gM]", e.Median/1e6, e.CI95[0]/1e6, e.CI95[1]/1e6)
 }
 
 // runChild runs `loadgen indexer args` once in a fresh process and reads

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -37,9 +38,10 @@ func TestIndexerRepeat(t *testing.T) {
 // -sustained searches the threshold in fresh processes: every point
 // reported, the window halving until one fails and then bisected, the
 // sustained rate a passing point's offered rate, with its figure per
-// second of the index's CPU.
+// second of the index's CPU; -trials then runs that many more at the
+// sustained point, in the arms A and A' (the flag not passed on to them).
 func TestSustained(t *testing.T) {
-	out, _, err := runArgs(t, append([]string{"indexer", "-json", "-sustained", "-compare", "compressed", "-duration", "400ms"}, indexerSmall...)...)
+	out, _, err := runArgs(t, append([]string{"indexer", "-json", "-sustained", "-trials=2", "-compare", "compressed", "-duration", "400ms"}, indexerSmall...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,5 +63,36 @@ func TestSustained(t *testing.T) {
 	}
 	if rep.BlockOpsPerSec != best || (best > 0 && rep.PerLaneCPU <= 0) {
 		t.Fatalf("sustained %v (per lane CPU %v), best passing point %v", rep.BlockOpsPerSec, rep.PerLaneCPU, best)
+	}
+	if best == 0 {
+		if rep.Trials != nil {
+			t.Fatalf("trials without a sustained point: %+v", rep.Trials)
+		}
+		return
+	}
+	tr := rep.Trials
+	if tr == nil || len(tr.Runs) != 2 || tr.Runs[0].Arm != "A" || tr.Runs[1].Arm != "A'" || tr.OfferedBlockOpsPerSec != best {
+		t.Fatalf("trials %+v", tr)
+	}
+	for _, r := range tr.Runs {
+		if r.AchievedBlockOpsPerSec <= 0 || r.BlockOpsPerLaneCPU <= 0 {
+			t.Fatalf("trial %+v", r)
+		}
+	}
+	if e := tr.AAPerLaneCPURatio; !(e.Median > 0 && e.CI95[0] <= e.Median && e.Median <= e.CI95[1]) {
+		t.Fatalf("A/A ratio %+v", e)
+	}
+}
+
+// A search's fresh processes get its flags but -sustained and -trials,
+// however they were written.
+func TestChildArgs(t *testing.T) {
+	for _, c := range []struct{ args, want []string }{
+		{[]string{"-sustained", "-trials", "20", "-compare=compressed", "--duration", "2s", "-json"}, []string{"-compare=compressed", "--duration", "2s", "-json"}},
+		{[]string{"--trials=3", "-lanes", "1", "--sustained=true", "-sized"}, []string{"-lanes", "1", "-sized"}},
+	} {
+		if got := childArgs(c.args); !slices.Equal(got, c.want) {
+			t.Fatalf("childArgs(%q) = %q, want %q", c.args, got, c.want)
+		}
 	}
 }
