@@ -162,11 +162,11 @@ const (
 
 // Confirm runs n trials (see Trials) at the sustained point, after
 // FindSustained: run and stopped are as there, k counting the trials. It
-// does nothing where no point passed, and an interrupted confirmation
-// keeps the runs it has.
+// does nothing where no point passed or the search was stopped, and an
+// interrupted confirmation keeps the runs it has.
 func (s *Sustained) Confirm(n int, run func(w time.Duration, k int) (*Result, error), stopped func() bool) error {
 	p := s.point()
-	if p == nil || n <= 0 {
+	if p == nil || n <= 0 || stopped() {
 		return nil
 	}
 	w := time.Duration(math.Round(p.WindowMs * 1e6))

@@ -64,8 +64,8 @@ func TestFindSustained(t *testing.T) {
 // alternating the arms A and A'; they report the share that passed, each
 // figure's median with an interval around it, and the A/A ratio of the
 // arms' per-lane figures with an interval holding the true one. No
-// passing point, no trials; a failed process is an error; a stop keeps
-// the trials run.
+// passing point or a stopped search, no trials; a failed process is an
+// error; a stop keeps the trials run.
 func TestConfirmSustained(t *testing.T) {
 	rep := Sustained{Points: []SustainedPoint{
 		{WindowMs: 200, OfferedBlockOpsPerSec: 5e6, Passed: true},
@@ -123,8 +123,12 @@ func TestConfirmSustained(t *testing.T) {
 		t.Fatalf("a failed process: %v", err)
 	}
 	stops := 0
-	if err := rep.Confirm(n, run, func() bool { stops++; return stops > 3 }); err != nil || len(rep.Trials.Runs) != 3 {
+	if err := rep.Confirm(n, run, func() bool { stops++; return stops > 4 }); err != nil || len(rep.Trials.Runs) != 3 {
 		t.Fatalf("stopped after 3: %v, %d runs", err, len(rep.Trials.Runs))
+	}
+	stopped := Sustained{Points: rep.Points}
+	if err := stopped.Confirm(n, run, func() bool { return true }); err != nil || stopped.Trials != nil {
+		t.Fatalf("stopped before the first: %v, %+v", err, stopped.Trials)
 	}
 }
 
