@@ -15,26 +15,29 @@ import (
 
 // runSustained searches the sustained rate of one indexer (args name it,
 // with -compare and -lanes) by the field's threshold protocol
-// (openloop.FindSustained), then confirms it in trials fresh processes
-// (openloop.Sustained.Confirm), each run in a fresh process.
+// (openloop.FindSustained), then confirms it in trials more runs
+// (openloop.Sustained.Confirm): each run a fresh process, reported on
+// stderr as it ends.
 func runSustained(args []string, window time.Duration, trials int, out output, stdout, stderr io.Writer, intr *interrupt) error {
 	child := childArgs(args)
-	run := func(w time.Duration, k int) (*openloop.Result, error) {
-		rs, err := runChild(append(child, "-duration", w.String()), stderr, intr)
-		if err != nil {
-			return nil, err
+	runAs := func(what string) func(w time.Duration, k int) (*openloop.Result, error) {
+		return func(w time.Duration, k int) (*openloop.Result, error) {
+			rs, err := runChild(append(child, "-duration", w.String()), stderr, intr)
+			if err != nil {
+				return nil, err
+			}
+			if len(rs) != 1 {
+				return nil, fmt.Errorf("%d results: name one indexer with -compare and -lanes", len(rs))
+			}
+			r := rs[0]
+			fmt.Fprintf(stderr, "window %v, %s %d: %.3gM block-ops/s offered, %.3gM achieved, kept up %v, generator valid %v, %.3gM per second of the index's CPU\n",
+				w, what, k+1, r.OfferedBlockOpsPerSec/1e6, r.AchievedBlockOpsPerSec/1e6, r.KeptUp, r.GeneratorValid, r.AchievedBlockOpsPerLaneCPU/1e6)
+			return r, nil
 		}
-		if len(rs) != 1 {
-			return nil, fmt.Errorf("%d results: name one indexer with -compare and -lanes", len(rs))
-		}
-		r := rs[0]
-		fmt.Fprintf(stderr, "window %v, process %d: %.3gM block-ops/s offered, %.3gM achieved, kept up %v, generator valid %v\n",
-			w, k+1, r.OfferedBlockOpsPerSec/1e6, r.AchievedBlockOpsPerSec/1e6, r.KeptUp, r.GeneratorValid)
-		return r, nil
 	}
-	rep, err := openloop.FindSustained(window, maxDuration, run, intr.Load)
+	rep, err := openloop.FindSustained(window, maxDuration, runAs("process"), intr.Load)
 	if err == nil {
-		err = rep.Confirm(trials, run, intr.Load)
+		err = rep.Confirm(trials, runAs("trial"), intr.Load)
 	}
 	if err != nil {
 		return err
