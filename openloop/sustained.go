@@ -3,6 +3,7 @@ package openloop
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/kvradix/kvradix/internal/stats"
@@ -139,6 +140,9 @@ type Trials struct {
 	AAPerLaneCPURatio Estimate `json:"aa_per_lane_cpu_ratio"`
 }
 
+// trialArms are the trials' two arms, taken in turn.
+var trialArms = [2]string{"A", "A'"}
+
 // TrialRun is one fresh process of the trials.
 type TrialRun struct {
 	Arm                    string  `json:"arm"` // "A" or "A'"
@@ -177,7 +181,7 @@ func (s *Sustained) Confirm(n int, run func(w time.Duration, k int) (*Result, er
 		if err != nil {
 			return fmt.Errorf("trial %d at window %v: %w", k+1, w, err)
 		}
-		t.Runs = append(t.Runs, TrialRun{Arm: [2]string{"A", "A'"}[k%2], Passed: r.Passes(),
+		t.Runs = append(t.Runs, TrialRun{Arm: trialArms[k%2], Passed: r.Passes(),
 			AchievedBlockOpsPerSec: r.AchievedBlockOpsPerSec, BlockOpsPerLaneCPU: r.AchievedBlockOpsPerLaneCPU})
 	}
 	t.summarise()
@@ -197,17 +201,16 @@ func (t *Trials) summarise() {
 			passed++
 		}
 		achieved, lane = append(achieved, r.AchievedBlockOpsPerSec), append(lane, r.BlockOpsPerLaneCPU)
-		arm := 0
-		if r.Arm != "A" {
-			arm = 1
-		}
+		arm := slices.Index(trialArms[:], r.Arm)
 		arms[arm] = append(arms[arm], r.BlockOpsPerLaneCPU)
 	}
 	t.PassedFraction = float64(passed) / float64(len(t.Runs))
 	median := func(g [][]float64) float64 { return stats.Median(g[0]) }
 	t.AchievedBlockOpsPerSec = estimate(median, [][]float64{achieved})
 	t.BlockOpsPerLaneCPU = estimate(median, [][]float64{lane})
-	if len(arms[1]) > 0 {
+	// The ratio needs both arms, and A' figures above 0 (a system that
+	// reports no lane CPU gives 0s, and an infinite ratio has no JSON).
+	if len(arms[1]) > 0 && slices.Min(arms[1]) > 0 {
 		t.AAPerLaneCPURatio = estimate(func(g [][]float64) float64 { return stats.Median(g[0]) / stats.Median(g[1]) }, arms[:])
 	}
 }

@@ -1,6 +1,7 @@
 package openloop
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -112,6 +113,21 @@ func TestConfirmSustained(t *testing.T) {
 	within("A/A ratio", tr.AAPerLaneCPURatio, 1/1.5)
 	if tr.AAPerLaneCPURatio.CI95[1] >= 1 {
 		t.Fatalf("A/A ratio %+v: the arms' difference is not shown", tr.AAPerLaneCPURatio)
+	}
+
+	zero := Sustained{Points: rep.Points}
+	if err := zero.Confirm(4, func(w time.Duration, k int) (*Result, error) {
+		r, err := run(w, k)
+		r.AchievedBlockOpsPerLaneCPU = 0 // a system that reports no lane CPU
+		return r, err
+	}, func() bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if e := zero.Trials.AAPerLaneCPURatio; e != (Estimate{}) {
+		t.Fatalf("A/A ratio of zero figures %+v, want none", e)
+	}
+	if _, err := json.Marshal(zero); err != nil {
+		t.Fatalf("trials of zero figures: %v", err)
 	}
 
 	none := Sustained{Points: []SustainedPoint{{WindowMs: 50, Passed: false}}}
