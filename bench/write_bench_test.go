@@ -34,12 +34,11 @@ var concurrentIndexImpls = []struct {
 // trace. The sized tree's table is sized for the trace's stored blocks
 // (more than its distinct blocks), outside the timer.
 //
-// It loops over b.N, not b.Loop: the testing package runs a benchmark's
-// first call before it sets GOMAXPROCS to the first -cpu value
-// (golang/go#49980), and a b.Loop benchmark's first call is its whole
-// measurement, so with b.Loop the first -cpu figure ran at whatever
-// GOMAXPROCS the benchmark before it left (the writers, read here in that
-// call, were as wrong). A b.N benchmark is called again at the -cpu value.
+// It loops over b.N, not b.Loop: the testing package makes a benchmark's
+// first call at the -cpu list's last value (golang/go#49980), and a b.Loop
+// benchmark's first call is its whole measurement, so with b.Loop the
+// first -cpu figure of a list ran at its last (the writers, read then,
+// were as wrong). A b.N benchmark is called again at each -cpu value.
 func BenchmarkParallelStore(b *testing.B) {
 	reqs, blocks := shapedWorkload(b)
 	for _, im := range concurrentIndexImpls {

@@ -2,9 +2,9 @@
 # Concurrency scaling of the indexes and indexers at -cpu=1,2,4,8,16.
 # Usage: scripts/scaling.sh [OUTFILE]. Runs a prebuilt bench.test if
 # BENCH_BIN is set (for machines without Go), else builds one. Each -cpu
-# value runs in a process of its own started at that GOMAXPROCS: the
-# testing package makes a benchmark's first call before it applies -cpu
-# (golang/go#49980), which for a b.Loop benchmark is its whole figure.
+# value runs in a process of its own: the testing package makes a
+# benchmark's first call at the -cpu list's last value (golang/go#49980),
+# which for a b.Loop benchmark is its whole figure.
 set -euo pipefail
 out=${1:-results/scaling.txt}
 bin=${BENCH_BIN:-}
@@ -18,10 +18,10 @@ cpus=${CPUS:-1 2 4 8 16}
   echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "# $(go version 2>/dev/null || echo "go: prebuilt test binary")"
   echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $(nproc)"
-  echo "# cmd: for c in $cpus: GOMAXPROCS=\$c bench.test -test.run '^\$' -test.bench 'Mixed|Parallel' -test.benchmem -test.cpu \$c -test.count ${COUNT:-5} -test.benchtime ${BENCHTIME:-200ms}"
+  echo "# cmd: for c in $cpus: bench.test -test.run '^\$' -test.bench 'Mixed|Parallel' -test.benchmem -test.cpu \$c -test.count ${COUNT:-5} -test.benchtime ${BENCHTIME:-200ms}"
   cd bench
   for c in $cpus; do
-    GOMAXPROCS=$c "$bin" -test.run '^$' -test.bench 'Mixed|Parallel' -test.benchmem \
+    "$bin" -test.run '^$' -test.bench 'Mixed|Parallel' -test.benchmem \
       -test.cpu "$c" -test.count "${COUNT:-5}" -test.benchtime "${BENCHTIME:-200ms}"
   done
 } | tee "$out"
