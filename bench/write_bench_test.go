@@ -39,6 +39,9 @@ var concurrentIndexImpls = []struct {
 // benchmark's first call is its whole measurement, so with b.Loop the
 // first -cpu figure of a list ran at its last (the writers, read then,
 // were as wrong). A b.N benchmark is called again at each -cpu value.
+// A -benchtime shorter than one iteration keeps that first call's figure,
+// the process's first store, into a cold heap: -benchtime 2x or more
+// measures warm ones.
 func BenchmarkParallelStore(b *testing.B) {
 	reqs, blocks := shapedWorkload(b)
 	for _, im := range concurrentIndexImpls {
