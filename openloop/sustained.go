@@ -205,14 +205,18 @@ func (t *Trials) summarise() {
 		arms[arm] = append(arms[arm], r.BlockOpsPerLaneCPU)
 	}
 	t.PassedFraction = float64(passed) / float64(len(t.Runs))
-	median := func(g [][]float64) float64 { return stats.Median(g[0]) }
-	t.AchievedBlockOpsPerSec = estimate(median, [][]float64{achieved})
-	t.BlockOpsPerLaneCPU = estimate(median, [][]float64{lane})
+	t.AchievedBlockOpsPerSec, t.BlockOpsPerLaneCPU = MedianEstimate(achieved), MedianEstimate(lane)
 	// The ratio needs both arms, and A' figures above 0 (a system that
 	// reports no lane CPU gives 0s, and an infinite ratio has no JSON).
 	if len(arms[1]) > 0 && slices.Min(arms[1]) > 0 {
 		t.AAPerLaneCPURatio = estimate(func(g [][]float64) float64 { return stats.Median(g[0]) / stats.Median(g[1]) }, arms[:])
 	}
+}
+
+// MedianEstimate is the median of xs with its 95% bootstrap interval, as
+// the trials draw it.
+func MedianEstimate(xs []float64) Estimate {
+	return estimate(func(g [][]float64) float64 { return stats.Median(g[0]) }, [][]float64{xs})
 }
 
 // estimate is stat of groups with its 95% bootstrap interval.

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"text/tabwriter"
 
-	"github.com/kvradix/kvradix/internal/stats"
 	"github.com/kvradix/kvradix/openloop"
 	"github.com/kvradix/kvradix/shardpool"
 )
@@ -15,16 +14,20 @@ import (
 // command when it sees it).
 const childEnv = "LOADGEN_CHILD"
 
-// spread is a figure over repeated runs.
+// spread is a figure over repeated runs: its median, with the median's
+// 95% bootstrap interval (openloop's, as the sustained trials draw it),
+// and its range.
 type spread struct {
-	Median float64 `json:"median"`
-	Min    float64 `json:"min"`
-	Max    float64 `json:"max"`
+	Median float64    `json:"median"`
+	CI95   [2]float64 `json:"ci95"`
+	Min    float64    `json:"min"`
+	Max    float64    `json:"max"`
 }
 
 func spreadOf(xs []float64) spread {
 	slices.Sort(xs)
-	return spread{Median: stats.Percentile(xs, 0.5), Min: xs[0], Max: xs[len(xs)-1]}
+	e := openloop.MedianEstimate(xs)
+	return spread{Median: e.Median, CI95: e.CI95, Min: xs[0], Max: xs[len(xs)-1]}
 }
 
 type repeatSummary struct {
@@ -34,6 +37,7 @@ type repeatSummary struct {
 	KeptUp           int    `json:"kept_up"`
 	GeneratorValid   int    `json:"generator_valid"`
 	AchievedBlockOpS spread `json:"achieved_block_ops_s"`
+	PerLaneCPU       spread `json:"achieved_block_ops_per_lane_cpu_sec"`
 	QueryServiceP50  spread `json:"query_service_p50_us"`
 	QueryServiceP99  spread `json:"query_service_p99_us"`
 }
@@ -80,7 +84,7 @@ func summarise(runs [][]*openloop.Result) []repeatSummary {
 	var out []repeatSummary
 	for j, first := range runs[0] {
 		s := repeatSummary{Impl: first.Index, Lanes: first.Lanes}
-		var ops, p50, p99 []float64
+		var ops, lane, p50, p99 []float64
 		for _, run := range runs {
 			if j >= len(run) {
 				continue
@@ -93,9 +97,11 @@ func summarise(runs [][]*openloop.Result) []repeatSummary {
 			if r.GeneratorValid {
 				s.GeneratorValid++
 			}
-			ops, p50, p99 = append(ops, r.AchievedBlockOpsPerSec), append(p50, us(r.QueryService.P50)), append(p99, us(r.QueryService.P99))
+			ops, lane = append(ops, r.AchievedBlockOpsPerSec), append(lane, r.AchievedBlockOpsPerLaneCPU)
+			p50, p99 = append(p50, us(r.QueryService.P50)), append(p99, us(r.QueryService.P99))
 		}
-		s.AchievedBlockOpS, s.QueryServiceP50, s.QueryServiceP99 = spreadOf(ops), spreadOf(p50), spreadOf(p99)
+		s.AchievedBlockOpS, s.PerLaneCPU = spreadOf(ops), spreadOf(lane)
+		s.QueryServiceP50, s.QueryServiceP99 = spreadOf(p50), spreadOf(p99)
 		out = append(out, s)
 	}
 	return out
@@ -104,10 +110,11 @@ func summarise(runs [][]*openloop.Result) []repeatSummary {
 func printRepeated(w io.Writer, rep repeatReport) {
 	fmt.Fprintf(w, "%d runs, fresh processes:\n", len(rep.Runs))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "index\tblock-ops/s median\tmin\tmax\tkept up\tvalid\tlookup p50 µs\tp99 µs\t")
+	fmt.Fprintln(tw, "index\tblock-ops/s median\t95% interval\tmin\tmax\tper lane CPU-s median\t95% interval\tkept up\tvalid\tlookup p50 µs\tp99 µs\t")
 	for _, s := range rep.Summary {
-		fmt.Fprintf(tw, "%s\t%.3gM\t%.3gM\t%.3gM\t%d/%d\t%d/%d\t%.1f\t%.1f\t\n", shardpool.Impl{Name: s.Impl, Lanes: s.Lanes},
-			s.AchievedBlockOpS.Median/1e6, s.AchievedBlockOpS.Min/1e6, s.AchievedBlockOpS.Max/1e6,
+		a, l := s.AchievedBlockOpS, s.PerLaneCPU
+		fmt.Fprintf(tw, "%s\t%.3gM\t%.3gM–%.3gM\t%.3gM\t%.3gM\t%.3gM\t%.3gM–%.3gM\t%d/%d\t%d/%d\t%.1f\t%.1f\t\n", shardpool.Impl{Name: s.Impl, Lanes: s.Lanes},
+			a.Median/1e6, a.CI95[0]/1e6, a.CI95[1]/1e6, a.Min/1e6, a.Max/1e6, l.Median/1e6, l.CI95[0]/1e6, l.CI95[1]/1e6,
 			s.KeptUp, s.Runs, s.GeneratorValid, s.Runs, s.QueryServiceP50.Median, s.QueryServiceP99.Median)
 	}
 	tw.Flush()
