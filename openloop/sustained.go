@@ -166,8 +166,8 @@ const (
 
 // Confirm runs n trials (see Trials) at the sustained point, after
 // FindSustained: run and stopped are as there, k counting the trials. It
-// does nothing where no point passed or the search was stopped, and an
-// interrupted confirmation keeps the runs it has.
+// does nothing where no point passed or the search was stopped; a
+// confirmation interrupted or failed keeps the runs it has, summarised.
 func (s *Sustained) Confirm(n int, run func(w time.Duration, k int) (*Result, error), stopped func() bool) error {
 	p := s.point()
 	if p == nil || n <= 0 || stopped() {
@@ -176,6 +176,7 @@ func (s *Sustained) Confirm(n int, run func(w time.Duration, k int) (*Result, er
 	w := time.Duration(math.Round(p.WindowMs * 1e6))
 	t := &Trials{WindowMs: p.WindowMs, OfferedBlockOpsPerSec: p.OfferedBlockOpsPerSec}
 	s.Trials = t
+	defer t.summarise()
 	for k := 0; k < n && !stopped(); k++ {
 		r, err := run(w, k)
 		if err != nil {
@@ -184,7 +185,6 @@ func (s *Sustained) Confirm(n int, run func(w time.Duration, k int) (*Result, er
 		t.Runs = append(t.Runs, TrialRun{Arm: trialArms[k%2], Passed: r.Passes(),
 			AchievedBlockOpsPerSec: r.AchievedBlockOpsPerSec, BlockOpsPerLaneCPU: r.AchievedBlockOpsPerLaneCPU})
 	}
-	t.summarise()
 	return nil
 }
 

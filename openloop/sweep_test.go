@@ -66,7 +66,7 @@ func TestFindSustained(t *testing.T) {
 // figure's median with an interval around it, and the A/A ratio of the
 // arms' per-lane figures with an interval holding the true one. No
 // passing point or a stopped search, no trials; a failed process is an
-// error; a stop keeps the trials run.
+// error, and it and a stop keep the trials run, summarised.
 func TestConfirmSustained(t *testing.T) {
 	rep := Sustained{Points: []SustainedPoint{
 		{WindowMs: 200, OfferedBlockOpsPerSec: 5e6, Passed: true},
@@ -135,8 +135,14 @@ func TestConfirmSustained(t *testing.T) {
 		t.Fatalf("no passing point: %v, %+v", err, none.Trials)
 	}
 	boom := errors.New("boom")
-	if err := rep.Confirm(n, func(time.Duration, int) (*Result, error) { return nil, boom }, func() bool { return false }); !errors.Is(err, boom) {
-		t.Fatalf("a failed process: %v", err)
+	failing := func(w time.Duration, k int) (*Result, error) {
+		if k == 2 {
+			return nil, boom
+		}
+		return run(w, k)
+	}
+	if err := rep.Confirm(n, failing, func() bool { return false }); !errors.Is(err, boom) || len(rep.Trials.Runs) != 2 || rep.Trials.PassedFraction != 1 || rep.Trials.BlockOpsPerLaneCPU.Median <= 0 {
+		t.Fatalf("a process failing third: %v, trials %+v (want the first two kept, summarised)", err, rep.Trials)
 	}
 	stops := 0
 	if err := rep.Confirm(n, run, func() bool { stops++; return stops > 4 }); err != nil || len(rep.Trials.Runs) != 3 {

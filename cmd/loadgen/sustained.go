@@ -39,11 +39,10 @@ func runSustained(args []string, window time.Duration, trials int, out output, s
 	if err == nil {
 		err = rep.Confirm(trials, runAs("trial"), intr.Load)
 	}
-	if err != nil {
-		return err
-	}
+	// What was measured is reported even where a process failed: a search
+	// takes minutes.
 	rep.Command = commandLine("indexer", args)
-	err = out.write(stdout, rep, func() {
+	werr := out.write(stdout, rep, func() {
 		fmt.Fprintf(stdout, "sustained: %.3gM block-ops/s (%.3gM per second of the index's CPU), %d points\n",
 			rep.BlockOpsPerSec/1e6, rep.PerLaneCPU/1e6, len(rep.Points))
 		if t := rep.Trials; t != nil {
@@ -52,10 +51,15 @@ func runSustained(args []string, window time.Duration, trials int, out output, s
 				t.AAPerLaneCPURatio.Median, t.AAPerLaneCPURatio.CI95[0], t.AAPerLaneCPURatio.CI95[1])
 		}
 	}, func() {})
-	if err == nil && intr.Load() {
-		err = errInterrupted
+	switch {
+	case err != nil:
+		return err
+	case werr != nil:
+		return werr
+	case intr.Load():
+		return errInterrupted
 	}
-	return err
+	return nil
 }
 
 // childArgs returns the arguments of a search's fresh processes: args

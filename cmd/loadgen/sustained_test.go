@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -88,6 +89,19 @@ func TestSustained(t *testing.T) {
 	}
 	if e := tr.AAPerLaneCPURatio; linux && !(e.Median > 0 && e.CI95[0] <= e.Median && e.Median <= e.CI95[1]) {
 		t.Fatalf("A/A ratio %+v", e)
+	}
+}
+
+// A search whose processes fail is an error, its report written all the
+// same (here with no point: each process refuses the missing corpus).
+func TestSustainedFailing(t *testing.T) {
+	out, _, err := runArgs(t, "indexer", "-json", "-sustained", "-trials=2", "-quiet", "-corpus", filepath.Join(t.TempDir(), "missing.smg"))
+	if err == nil {
+		t.Fatal("a search whose processes fail succeeded")
+	}
+	var rep openloop.Sustained
+	if jerr := json.Unmarshal([]byte(out), &rep); jerr != nil || rep.Command == "" || len(rep.Points) != 0 || rep.Trials != nil {
+		t.Fatalf("report %q (%v) after %v", out, jerr, err)
 	}
 }
 
