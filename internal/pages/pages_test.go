@@ -1,10 +1,12 @@
 package pages
 
 import (
+	"fmt"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"slices"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -168,17 +170,8 @@ func BenchmarkPrepare(b *testing.B) {
 			for b.Loop() {
 				w, unmap := mapFresh(b, size)
 				start := time.Now()
-				switch way {
-				case "touch":
-					for i := 0; i < len(w); i += pageWords {
-						w[i] = 0
-					}
-				case "populate":
-					if !populate(w) {
-						b.Skip("the kernel refused MADV_POPULATE_WRITE")
-					}
-				case "fault":
-					Fault(w)
+				if !prepareWay(way, w) {
+					b.Skip("the kernel refused MADV_POPULATE_WRITE")
 				}
 				prep += time.Since(start)
 				start = time.Now()
@@ -194,6 +187,67 @@ func BenchmarkPrepare(b *testing.B) {
 			b.ReportMetric(float64(wr.Nanoseconds())/float64(b.N)/writes, "write-ns")
 		})
 	}
+}
+
+// BenchmarkFaultThreads makes 64 MiB of fresh memory resident by
+// threads=1 or 2 goroutines at once, each its own share, at GOMAXPROCS 2
+// either way, by way=touch (a write a page, as Go's heap is first
+// written) or way=fault (Fault): us/page is the wall time a page, so two
+// threads that fault in parallel halve it. On our VM two threads take
+// 0.55 of one's time a page, either way (results/fresh-store-cpu.txt):
+// first touches overlap across the vCPUs when nothing else runs.
+func BenchmarkFaultThreads(b *testing.B) {
+	if runtime.GOOS != "linux" {
+		b.Skip("MADV_POPULATE_WRITE is Linux's")
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	for _, way := range []string{"touch", "fault"} {
+		for _, threads := range []int{1, 2} {
+			b.Run(fmt.Sprintf("way=%s/threads=%d", way, threads), func(b *testing.B) { faultThreads(b, way, threads) })
+		}
+	}
+}
+
+// faultThreads is one of BenchmarkFaultThreads's ways, with threads
+// goroutines.
+func faultThreads(b *testing.B, way string, threads int) {
+	const size = 64 << 20
+	var took time.Duration
+	for b.Loop() {
+		shares := make([][]uint64, threads)
+		unmaps := make([]func(), threads)
+		for i := range shares {
+			shares[i], unmaps[i] = mapFresh(b, size/threads)
+		}
+		var wg sync.WaitGroup
+		start := time.Now()
+		for _, w := range shares {
+			wg.Go(func() { prepareWay(way, w) })
+		}
+		wg.Wait()
+		took += time.Since(start)
+		for _, unmap := range unmaps {
+			unmap()
+		}
+	}
+	b.ReportMetric(float64(took.Nanoseconds())/1e3/float64(b.N)/(size/pageBytes), "us/page")
+}
+
+// prepareWay makes w resident by way: touch (a zero written a page),
+// populate (populate alone) or fault (Fault); false if the kernel refused
+// to populate.
+func prepareWay(way string, w []uint64) bool {
+	switch way {
+	case "populate":
+		return populate(w)
+	case "fault":
+		Fault(w)
+	default:
+		for i := 0; i < len(w); i += pageWords {
+			w[i] = 0
+		}
+	}
+	return true
 }
 
 // mapFresh maps size bytes of fresh memory, outside Go's heap (which may
