@@ -583,11 +583,14 @@ func (s *chainSeg) tombstoned(home, n int) bool {
 // hash stored and evicted again and again landed one slot further each
 // time, and a probe for it passed all of its tombstones, up to nearly a
 // segment's worth, until the segment's used slots grew it: workers storing
-// and evicting the same 16 blocks (BenchmarkApplyParallel) took 16.7 us
-// for 32 block operations, 3.7 times the ConcurrentTree's time, and 3.4
-// with purges. On the field's corpus 152 of 5.87M claims pass 32
-// tombstones, and its time is unchanged (results/README.md).
-const maxTombs = 32
+// and evicting the same 16 blocks (BenchmarkApplyParallel) took 16.9 us
+// for 32 block operations, 3.7 times the ConcurrentTree's time, and take
+// 5.6 with purges. A purge rewrites a segment: at 32 tombstones they came
+// often enough to triple a lock-free reader's p99 beside a writer trimming
+// one run 100,000 times a second (BenchmarkTrimStorm), at 128 it rose 25%
+// (at the trim rate the old table reached, the reader's p99 halved). The
+// field's corpus purges nothing (results/README.md).
+const maxTombs = 128
 
 // claim makes loc the block h is claimed by, unless h already claims
 // another (or loc cannot be encoded): whether loc is h's now.
