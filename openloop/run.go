@@ -51,7 +51,7 @@ func Run(c *Corpus, idx shardpool.Indexer, im shardpool.Impl, p Protocol, stop <
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
 	defer idx.Close()
-	s := &runState{c: c, idx: idx, stop: stop, acceptedAt: make([]int64, len(c.Ops)), appliedAt: make([]int64, len(c.Ops)),
+	s := &runState{c: c, idx: idx, stop: stop, clockRead: clockRead(), acceptedAt: make([]int64, len(c.Ops)), appliedAt: make([]int64, len(c.Ops)),
 		lag: make([][]time.Duration, p.Issuers), readLag: make([][]time.Duration, p.Issuers),
 		wait: make([][]time.Duration, p.QueryLanes), service: make([][]time.Duration, p.QueryLanes), finished: make([][]time.Duration, p.QueryLanes)}
 	idx.Observe(func(ev kvevent.RouterEvent, err error) {
@@ -126,6 +126,7 @@ type runState struct {
 	finished   [][]time.Duration // per lane: a query's deadline to its answer
 	lastIssue  atomic.Int64      // ns from start
 	harnessCPU atomic.Int64      // ns of CPU the issuers and feeders used (their threads' clocks)
+	clockRead  int64             // ns of CPU a reading of a thread's clock costs, measured as the run starts (see work)
 	issued     atomic.Int64
 	failed     atomic.Int64 // operations that returned an error
 	lanes      []chan queued
@@ -217,21 +218,25 @@ func (s *runState) feed(f *feeder) {
 // system call (no vDSO serves a thread's CPU clock), 1.3 µs on our VM, and
 // the stretch between them misses the part of the first call before its
 // reading and the part of the second after its, about one call. rest
-// charges that call to the harness as well (clockRead), or a harness
-// working in many short stretches would lend the lanes its clock's cost.
+// charges that call to the harness as well (runState.clockRead), or a
+// harness working in many short stretches would lend the lanes its
+// clock's cost. The call's cost is measured as the run starts, not once a
+// process: measured once, on a machine that got busier since, it charged
+// three quarters of the clock's cost (TestStretchesChargeTheirClock under
+// CI's load, as if a reading had come to cost twice what it did).
 func (s *runState) work() int64 {
 	runtime.LockOSThread()
 	return threadCPU()
 }
 
 func (s *runState) rest(t0 int64) {
-	s.harnessCPU.Add(threadCPU() - t0 + clockRead())
+	s.harnessCPU.Add(threadCPU() - t0 + s.clockRead)
 	runtime.UnlockOSThread()
 }
 
-// clockRead is the CPU one reading of the thread's clock costs, measured
-// once a process: the mean of a thousand readings back to back.
-var clockRead = sync.OnceValue(func() int64 {
+// clockRead measures the CPU one reading of the thread's clock costs: the
+// mean of a thousand readings back to back (about 1.3 ms).
+func clockRead() int64 {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	const n = 1000
@@ -240,7 +245,7 @@ var clockRead = sync.OnceValue(func() int64 {
 		threadCPU()
 	}
 	return (threadCPU() - t0) / n
-})
+}
 
 // issue issues the operations of part by deadline group. An operation's
 // lag is how late it went out.
@@ -367,7 +372,7 @@ func (s *runState) result(im shardpool.Impl, before runtime.MemStats, st stopSta
 		QueryScheduledToFinished: Dist(s.finished...), UpdateAcceptedToFinished: Dist(update),
 		UpdateScheduledToFinished: Dist(updateFinished),
 		QueueDepthAtStop:          []int{st.depth}, OutstandingUpdatesAtStop: st.events,
-		IssuerCPUNs: s.harnessCPU.Load(), HarnessClockReadNs: clockRead(), IssueSpanNs: s.lastIssue.Load(), DrainNs: st.end - st.stopped,
+		IssuerCPUNs: s.harnessCPU.Load(), HarnessClockReadNs: s.clockRead, IssueSpanNs: s.lastIssue.Load(), DrainNs: st.end - st.stopped,
 		FailureReasons: []string{},
 		Index:          indexName(im), Lanes: im.Lanes, ElapsedNs: st.end, Pairs: stats.Pairs, RejectedEvents: stats.Rejected(),
 		Interrupted: !issuedAll,

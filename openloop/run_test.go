@@ -169,8 +169,7 @@ func TestStretchesChargeTheirClock(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the thread's CPU clock is read on Linux only")
 	}
-	s := &runState{}
-	clockRead() // measured once, before the figures
+	s := &runState{clockRead: clockRead()} // as Run measures it, as it starts
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	t0 := threadCPU()
