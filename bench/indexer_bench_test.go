@@ -127,7 +127,12 @@ func BenchmarkFindMatchesParallel(b *testing.B) {
 
 // BenchmarkApplyParallel is write scaling on the concurrent indexes: every
 // goroutine is its own worker (as a pool lane would be) storing 16 blocks
-// under a shared 64-block prefix and removing them again.
+// under a shared 64-block prefix and removing them again. The same hashes
+// come back every iteration, as blocks an engine evicts and recomputes
+// do: the churn that found the compressed tree's table leaving each
+// re-stored hash past all its old tombstones, its figure growing with
+// -benchtime (results/tombstone-purge.txt); compare at a fixed
+// -benchtime Nx.
 func BenchmarkApplyParallel(b *testing.B) {
 	for _, im := range indexImpls {
 		if _, ok := im.new().(radix.ConcurrentIndex); !ok {
