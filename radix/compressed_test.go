@@ -78,6 +78,76 @@ func TestCompressedLongRuns(t *testing.T) {
 	}
 }
 
+// Workers storing the same blocks under a shared prefix and evicting
+// them, round after round, as engines evict and recompute them: the tree
+// stays exact against the model, its invariants hold, and its table purges
+// the tombstones the evictions leave, so that no entry sits past more than
+// a purge's threshold (128) and a round's evictions (64) of them (without
+// purges, thousands).
+func TestCompressedChurn(t *testing.T) {
+	const workers, prefix, tail, rounds = 4, 64, 16, 600
+	toks := func(base, n int) []uint64 {
+		out := make([]uint64, n)
+		for i := range out {
+			out[i] = uint64(base + i)
+		}
+		return out
+	}
+	store := func(w kvevent.Worker, parent int64, engine uint64, tk []uint64) kvevent.RouterEvent {
+		pairs := make([]uint64, 0, 2*len(tk))
+		for i, x := range tk {
+			pairs = append(pairs, engine+uint64(i), x)
+		}
+		return radixtest.Stored(w, parent, pairs...)
+	}
+	idx, model := radix.NewCompressedTree(), radixtest.NewModel()
+	both := func(ev kvevent.RouterEvent) {
+		t.Helper()
+		if err := idx.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+		if err := model.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var queries [][]uint64
+	for id := 1; id <= workers; id++ {
+		w := kvevent.Worker{ID: kvevent.WorkerID(id)}
+		both(store(w, -1, 1_000_000, toks(1, prefix)))
+		queries = append(queries, append(toks(1, prefix), toks(10_000*id, tail)...))
+	}
+	engine := func(id int) uint64 { return uint64(2_000_000 * id) }
+	for r := range rounds {
+		for id := 1; id <= workers; id++ {
+			w := kvevent.Worker{ID: kvevent.WorkerID(id)}
+			both(store(w, 1_000_000+prefix-1, engine(id), toks(10_000*id, tail)))
+		}
+		// Every tail is held: its entries sit past the tombstones the
+		// rounds before left.
+		if r%50 == 0 || r == rounds-1 {
+			for _, q := range queries {
+				radixtest.Check(t, idx, model, q)
+			}
+			if _, err := radix.CompressedInvariants(idx); err != nil {
+				t.Fatalf("round %d: %v", r, err)
+			}
+			if n := radix.ChainTombRun(idx); n > 128+workers*tail {
+				t.Fatalf("round %d: an entry sits past %d tombstones in its probe", r, n)
+			}
+		}
+		for id := 1; id <= workers; id++ {
+			hashes := make([]uint64, tail)
+			for i := range hashes {
+				hashes[i] = engine(id) + uint64(tail-1-i) // tail first, as engines evict
+			}
+			both(radixtest.Removed(kvevent.Worker{ID: kvevent.WorkerID(id)}, hashes...))
+		}
+	}
+	for _, q := range queries {
+		radixtest.Check(t, idx, model, q)
+	}
+}
+
 // TestAppendMatches checks that AppendMatches appends exactly FindMatches'
 // answer after what dst held, and allocates nothing once warm.
 func TestAppendMatches(t *testing.T) {

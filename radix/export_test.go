@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -386,6 +387,34 @@ func strayEntries(t *CompressedTree) string {
 		})
 	}
 	return strings.Join(out, "; ")
+}
+
+// ChainTombRun returns the most tombstones a probe for one of t's table
+// entries passes before reaching it.
+func ChainTombRun(t *CompressedTree) int {
+	most, seen := 0, map[*chainSeg]bool{}
+	for _, s := range t.chain.dir.Load().loaded() {
+		if seen[s] {
+			continue
+		}
+		seen[s] = true
+		s.each(func(v uint64) {
+			h, ok := t.chain.keyOf(decode(v))
+			if !ok {
+				return
+			}
+			fp, spare := t.chain.hashBits(h)
+			home := s.home(fp, spare)
+			tombs := 0
+			for i := home; atomic.LoadUint64(&s.slots[i]) != v; i = s.next(i, home) {
+				if atomic.LoadUint64(&s.slots[i]) == chainTomb {
+					tombs++
+				}
+			}
+			most = max(most, tombs)
+		})
+	}
+	return most
 }
 
 func chainEntries(t *CompressedTree) int {
