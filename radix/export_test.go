@@ -5,7 +5,6 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -389,6 +388,10 @@ func strayEntries(t *CompressedTree) string {
 	return strings.Join(out, "; ")
 }
 
+// MaxTombs is the tombstones a claim's probe passes before it purges its
+// segment.
+const MaxTombs = maxTombs
+
 // ChainTombRun returns the most tombstones a probe for one of t's table
 // entries passes before reaching it.
 func ChainTombRun(t *CompressedTree) int {
@@ -404,14 +407,9 @@ func ChainTombRun(t *CompressedTree) int {
 				return
 			}
 			fp, spare := t.chain.hashBits(h)
-			home := s.home(fp, spare)
-			tombs := 0
-			for i := home; atomic.LoadUint64(&s.slots[i]) != v; i = s.next(i, home) {
-				if atomic.LoadUint64(&s.slots[i]) == chainTomb {
-					tombs++
-				}
+			if _, _, passed, found := t.chain.probe(s, h, fp, spare); found {
+				most = max(most, countTombs(s, s.home(fp, spare), passed))
 			}
-			most = max(most, tombs)
 		})
 	}
 	return most
