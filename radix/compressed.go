@@ -1,7 +1,6 @@
 package radix
 
 import (
-	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -601,26 +600,14 @@ func (t *CompressedTree) peekLookups(evs []kvevent.RouterEvent, from int) int {
 // apply applies one event; an event of a tier other than the device's goes
 // to the worker's holder for that tier (see tierHolder).
 func (t *CompressedTree) apply(ev kvevent.RouterEvent) error {
-	if err := checkEvent(&ev); err != nil {
-		return err
+	return applyToHolder(t, &t.tiered, ev)
+}
+
+// clearHolder forgets what holder h holds (a Cleared event).
+func (t *CompressedTree) clearHolder(h kvevent.Worker) {
+	if xw, _ := t.workers.Load(h); xw != nil {
+		t.forget(xw)
 	}
-	w := ev.Worker()
-	h := tierHolder(w, ev.Tier)
-	if ev.Tier != kvevent.TierDevice && !t.tiered.Load() {
-		t.tiered.Store(true)
-	}
-	switch d := ev.Event.Data.(type) {
-	case kvevent.Stored:
-		return t.store(h, d)
-	case kvevent.Removed:
-		return t.remove(h, d.BlockHashes)
-	case kvevent.Cleared:
-		if xw, _ := t.workers.Load(h); xw != nil {
-			t.forget(xw)
-		}
-		return nil
-	}
-	return fmt.Errorf("%w: event %d of worker %v has no data", ErrInvalidEvent, ev.Event.ID, w)
 }
 
 // otherTiers returns the holders of h's worker in the other tiers (none
@@ -666,14 +653,7 @@ func (t *CompressedTree) RemoveWorker(id kvevent.WorkerID) {
 	st := t.stripe(id)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	var ranks []*xworker
-	t.workers.Range(func(w kvevent.Worker, xw *xworker) bool {
-		if w.ID == id {
-			ranks = append(ranks, xw)
-		}
-		return true
-	})
-	for _, xw := range ranks {
+	for _, xw := range ranksOf(t.workers, id) {
 		t.forget(xw)
 	}
 }

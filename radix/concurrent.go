@@ -368,26 +368,14 @@ func (t *ConcurrentTree) ApplyBatch(evs []kvevent.RouterEvent, errs []error) {
 // (see tierHolder).
 func (t *ConcurrentTree) Apply(ev kvevent.RouterEvent) error {
 	t.ready()
-	if err := checkEvent(&ev); err != nil {
-		return err
+	return applyToHolder(t, &t.tiered, ev)
+}
+
+// clearHolder forgets what holder h holds (a Cleared event).
+func (t *ConcurrentTree) clearHolder(h kvevent.Worker) {
+	if cw, ok := t.workers.Load(h); ok {
+		t.forget(cw)
 	}
-	w := ev.Worker()
-	h := tierHolder(w, ev.Tier)
-	if ev.Tier != kvevent.TierDevice && !t.tiered.Load() {
-		t.tiered.Store(true)
-	}
-	switch d := ev.Event.Data.(type) {
-	case kvevent.Stored:
-		return t.store(h, d)
-	case kvevent.Removed:
-		return t.remove(h, d.BlockHashes)
-	case kvevent.Cleared:
-		if cw, ok := t.workers.Load(h); ok {
-			t.forget(cw)
-		}
-		return nil
-	}
-	return fmt.Errorf("%w: event %d of worker %v has no data", ErrInvalidEvent, ev.Event.ID, w)
 }
 
 // parentInTiers finds a parent hash among the other tiers' holders of h's
@@ -585,14 +573,7 @@ func (t *ConcurrentTree) clear(cw *cworker) {
 // forgotten; its slot is reused by a later worker (see slotTable).
 func (t *ConcurrentTree) RemoveWorker(id kvevent.WorkerID) {
 	t.ready()
-	var ranks []*cworker
-	t.workers.Range(func(w kvevent.Worker, cw *cworker) bool {
-		if w.ID == id {
-			ranks = append(ranks, cw)
-		}
-		return true
-	})
-	for _, cw := range ranks {
+	for _, cw := range ranksOf(t.workers, id) {
 		t.forget(cw)
 	}
 }

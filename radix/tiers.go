@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync/atomic"
+
+	"github.com/puzpuzpuz/xsync/v4"
 
 	"github.com/kvradix/kvradix/kvevent"
 )
@@ -36,6 +39,50 @@ func checkEvent(ev *kvevent.RouterEvent) error {
 		return fmt.Errorf("%w: %v", ErrInvalidEvent, err)
 	}
 	return nil
+}
+
+// holderIndex is an index made of per-worker holders, a holder for each
+// (worker, tier) (see tierHolder): what applyToHolder changes in it.
+type holderIndex interface {
+	store(h kvevent.Worker, d kvevent.Stored) error
+	remove(h kvevent.Worker, hashes []uint64) error
+	clearHolder(h kvevent.Worker)
+}
+
+// applyToHolder checks ev and applies it to its worker's holder for its
+// tier, setting tiered at the first event of a tier other than the
+// device's.
+func applyToHolder(t holderIndex, tiered *atomic.Bool, ev kvevent.RouterEvent) error {
+	if err := checkEvent(&ev); err != nil {
+		return err
+	}
+	w := ev.Worker()
+	h := tierHolder(w, ev.Tier)
+	if ev.Tier != kvevent.TierDevice && !tiered.Load() {
+		tiered.Store(true)
+	}
+	switch d := ev.Event.Data.(type) {
+	case kvevent.Stored:
+		return t.store(h, d)
+	case kvevent.Removed:
+		return t.remove(h, d.BlockHashes)
+	case kvevent.Cleared:
+		t.clearHolder(h)
+		return nil
+	}
+	return fmt.Errorf("%w: event %d of worker %v has no data", ErrInvalidEvent, ev.Event.ID, w)
+}
+
+// ranksOf returns the holders in workers of every rank and tier of id.
+func ranksOf[H any](workers *xsync.Map[kvevent.Worker, H], id kvevent.WorkerID) []H {
+	var ranks []H
+	workers.Range(func(w kvevent.Worker, h H) bool {
+		if w.ID == id {
+			ranks = append(ranks, h)
+		}
+		return true
+	})
+	return ranks
 }
 
 // groups is a table of shared-tier holders (TierIndex.SetGroup). It is
