@@ -97,11 +97,8 @@ func runCluster(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	fs := newFlags("cluster", stderr)
 	var c clusterConfig
 	c.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("cluster: unexpected argument %q", fs.Arg(0))
 	}
 	if c.replicas < 1 || c.replicas > 64 {
 		return fmt.Errorf("-replicas %d, want in [1, 64]", c.replicas)

@@ -28,11 +28,8 @@ func runHoles(args []string, stdout, stderr io.Writer) error {
 	compare := fs.String("compare", "single,pool,compressed", "indexers")
 	var out output
 	out.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("holes: unexpected argument %q", fs.Arg(0))
 	}
 	if err := c.Validate(); err != nil {
 		return err

@@ -137,11 +137,8 @@ func (c *indexerConfig) validateRun() error {
 
 // parse parses the flags of a command that builds or reads a corpus.
 func (c *indexerConfig) parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
 	}
 	fs.Visit(func(f *flag.Flag) { c.windowSet = c.windowSet || f.Name == "duration" })
 	return c.validate()

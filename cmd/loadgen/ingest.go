@@ -164,11 +164,8 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	fs := newFlags("ingest", stderr)
 	var c ingestConfig
 	c.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("ingest: unexpected argument %q", fs.Arg(0))
 	}
 	if err := c.validate(); err != nil {
 		return err

@@ -124,6 +124,17 @@ func TestReplayBadInput(t *testing.T) {
 	}
 }
 
+// Every command refuses an argument its flags leave over, naming it,
+// before it does any work.
+func TestCommandsRefuseExtraArguments(t *testing.T) {
+	for _, cmd := range []string{"replay", "indexer", "corpus", "memory", "holes", "router", "ingest", "cluster", "serve"} {
+		_, _, err := runArgs(t, cmd, "extra")
+		if err == nil || !strings.Contains(err.Error(), `unexpected argument "extra"`) {
+			t.Errorf("%s extra: %v, want unexpected argument", cmd, err)
+		}
+	}
+}
+
 // On SIGINT every command stops at once (not after its next deadline),
 // prints what it has marked interrupted, and fails. Each run below would
 // take far longer than the bound.

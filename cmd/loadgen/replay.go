@@ -98,11 +98,8 @@ func runReplay(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	fs := newFlags("replay", stderr)
 	var c replayConfig
 	c.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("replay: unexpected argument %q", fs.Arg(0))
 	}
 	names, err := replay.ParseRouters(c.routers)
 	if err != nil {

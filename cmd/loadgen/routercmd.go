@@ -119,11 +119,8 @@ func runRouter(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	fs := newFlags("router", stderr)
 	var c routerConfig
 	c.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("router: unexpected argument %q", fs.Arg(0))
 	}
 	if err := c.validate(); err != nil {
 		return err

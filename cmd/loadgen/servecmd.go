@@ -82,7 +82,7 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	fs := newFlags("serve", stderr)
 	var c serveConfig
 	c.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	switch {
