@@ -76,6 +76,11 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	} else if err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		// flag stops at the first non-flag: "-tiers false -listen :9000"
+		// would have dropped -listen silently.
+		return fmt.Errorf("unexpected argument %q (a boolean flag takes its value as -flag=false)", fs.Arg(0))
+	}
 	for _, c := range []struct {
 		ok   bool
 		flag string

@@ -200,6 +200,7 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "-peers", "http://a:1,ftp://b"}, "-peers"},
 		{[]string{"serve", "-block-size", "4294967312"}, "-block-size"},
 		{[]string{"serve", "-nats-token-file", "/nonexistent/token", "-nats", "nats://127.0.0.1:1"}, "-nats-token-file"},
+		{[]string{"serve", "-ttl", "1ns", "-tiers", "false"}, `unexpected argument "false"`}, // before the flags it cut off
 	} {
 		err := run(tc.args, io.Discard, io.Discard, nil)
 		if err == nil || !strings.Contains(err.Error(), tc.says) {
