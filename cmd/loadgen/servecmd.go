@@ -70,7 +70,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.capacity, "engine-blocks", 16384, "blocks each engine's prefix cache holds before evicting")
 	c.work.register(fs)
 	fs.StringVar(&c.cpuprof, "cpuprofile", "", "write a CPU profile of the timed part (service, engines and clients) to `file`")
-	fs.StringVar(&c.sample, "sample", "", "write a POST /query body for the trace's last prompt, whose blocks the service then holds, to `file` (for curl -d @file)")
+	fs.StringVar(&c.sample, "sample", "", "write a POST /query body for the trace's last prompt, whose blocks the service then holds, to `file` (for curl -H 'Content-Type: application/json' -d @file: the service refuses a body not labelled JSON)")
 	c.out.register(fs)
 }
 
