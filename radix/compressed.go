@@ -610,23 +610,6 @@ func (t *CompressedTree) clearHolder(h kvevent.Worker) {
 	}
 }
 
-// otherTiers returns the holders of h's worker in the other tiers (none
-// while every event has been the device's).
-func (t *CompressedTree) otherTiers(h kvevent.Worker) (out [kvevent.NumTiers - 1]*xworker) {
-	if !t.tiered.Load() {
-		return out
-	}
-	w, tier := tierHolderOf(h)
-	i := 0
-	for _, o := range kvevent.Tiers {
-		if o != tier {
-			out[i], _ = t.workers.Load(tierHolder(w, o))
-			i++
-		}
-	}
-	return out
-}
-
 // worker returns w's state, registering it on first sight with the slot
 // freed last, or a new one.
 func (t *CompressedTree) worker(w kvevent.Worker) *xworker {

@@ -38,7 +38,7 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 		return err
 	}
 	xw, _ := t.workers.Load(w)
-	others := t.otherTiers(w)
+	others := otherTiersOf(t.workers, &t.tiered, w)
 	var parent uint64 // the root
 	if d.HasParent {
 		ok := false

@@ -425,7 +425,7 @@ func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	if !known {
 		cw = t.worker(w)
 	}
-	others := t.otherTiers(w)
+	others := otherTiersOf(t.workers, &t.tiered, w)
 	for _, b := range d.Blocks {
 		key := childKey(parent, b.TokensHash)
 		old, had := cw.lookup[b.BlockHash]
@@ -457,24 +457,6 @@ func (t *ConcurrentTree) store(w kvevent.Worker, d kvevent.Stored) error {
 		}
 	}
 	return nil
-}
-
-// otherTiers returns the holders of h's worker in the other tiers (none
-// while every event has been the device's).
-func (t *ConcurrentTree) otherTiers(h kvevent.Worker) (out [kvevent.NumTiers - 1]*cworker) {
-	if !t.tiered.Load() {
-		return out
-	}
-	w, tier := tierHolderOf(h)
-	i := 0
-	for _, o := range kvevent.Tiers {
-		if o == tier {
-			continue
-		}
-		out[i], _ = t.workers.Load(tierHolder(w, o))
-		i++
-	}
-	return out
 }
 
 // moved makes the other tiers' holders leave engine hash h if it names a

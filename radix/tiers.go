@@ -85,6 +85,23 @@ func ranksOf[H any](workers *xsync.Map[kvevent.Worker, H], id kvevent.WorkerID) 
 	return ranks
 }
 
+// otherTiersOf returns the holders in workers of h's worker in the other
+// tiers (none while tiered is unset: every event has been the device's).
+func otherTiersOf[H any](workers *xsync.Map[kvevent.Worker, H], tiered *atomic.Bool, h kvevent.Worker) (out [kvevent.NumTiers - 1]H) {
+	if !tiered.Load() {
+		return out
+	}
+	w, tier := tierHolderOf(h)
+	i := 0
+	for _, o := range kvevent.Tiers {
+		if o != tier {
+			out[i], _ = workers.Load(tierHolder(w, o))
+			i++
+		}
+	}
+	return out
+}
+
 // groups is a table of shared-tier holders (TierIndex.SetGroup). It is
 // immutable once built: with returns a new one, so that readers may hold
 // one while a writer replaces it. The nil table is empty.
