@@ -77,9 +77,9 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 		return err
 	}
 	if fs.NArg() > 0 {
-		// flag stops at the first non-flag: "-tiers false -listen :9000"
-		// would have dropped -listen silently.
-		return fmt.Errorf("unexpected argument %q (a boolean flag takes its value as -flag=false)", fs.Arg(0))
+		// Flags end at the first argument that is not one: "-tiers false
+		// -listen :9000" would have dropped -listen silently.
+		return fmt.Errorf("unexpected argument %q: flags end at the first argument that is not one (a boolean flag takes its value as -flag=false)", fs.Arg(0))
 	}
 	for _, c := range []struct {
 		ok   bool
