@@ -55,8 +55,9 @@ import (
 //
 // Writers of any worker insert and delete at once, without locks: a slot
 // goes from empty to an entry by compare-and-swap, an entry becomes a
-// tombstone by compare-and-swap, and a probe that reaches an empty slot
-// ends (entries never move within a segment). A split freezes its segment
+// tombstone by compare-and-swap, a tombstone an entry again through a
+// pending claim (see claim), and a probe that reaches an empty slot ends
+// (entries never move within a segment). A split freezes its segment
 // before reading it: a writer checks, after its swap, that the segment was
 // not frozen, and otherwise waits for the segment's replacement in the
 // directory and repeats its operation there, so no write is lost (either
@@ -92,7 +93,18 @@ type chainTable struct {
 	// of locations, their cache misses overlapping: a resize reads every
 	// entry's engine hash (see adopt).
 	keysAhead func(locs []uint64)
+	// hook, if set (by tests only), is called by a claim for location loc
+	// at the points where a test holds it to order claims (claimPoint).
+	hook func(loc uint64, at claimPoint)
 }
+
+// claimPoint is a point of a claim where a test may hold it.
+type claimPoint uint8
+
+const (
+	claimProbed claimPoint = iota // probed, about to take a slot
+	claimPended                   // a tombstone made pending, about to look at the rest
+)
 
 // chainDir is a directory: segment i serves the fingerprints whose top
 // depth bits are i. Its depth and length never change: a split past its
@@ -267,6 +279,10 @@ const (
 
 	fpBits    = 28
 	chainTomb = 1 // run id 0, offset 1: never a block
+	// chainPending, under a fingerprint, is a claim of a hash of that
+	// fingerprint in progress (run id 0, offset 2: never a block either):
+	// see claim.
+	chainPending = 2
 
 	slotIDBits  = 24
 	slotOffBits = 12
@@ -318,6 +334,13 @@ func decode(v uint64) uint64 {
 }
 
 func slotFP(v uint64) uint64 { return v >> (slotIDBits + slotOffBits) }
+
+// isEntry reports whether slot value v is an entry: a run id, where empty
+// slots, tombstones and pending claims have none.
+func isEntry(v uint64) bool { return v>>slotOffBits&(1<<slotIDBits-1) != 0 }
+
+// isPending reports whether slot value v is a pending claim.
+func isPending(v uint64) bool { return v&(1<<(slotIDBits+slotOffBits)-1) == chainPending }
 
 // init makes the table empty: one segment.
 func (c *chainTable) init(keyOf func(loc uint64) (uint64, bool)) {
@@ -482,7 +505,7 @@ func (d *chainDir) index(s *chainSeg) int {
 // find returns the block engine hash h is claimed by.
 func (c *chainTable) find(h uint64) (uint64, bool) {
 	fp, spare := c.hashBits(h)
-	loc, _, _, ok := c.probe(c.segment(fp), h, fp, spare)
+	loc, _, _, _, ok := c.probe(c.segment(fp), h, fp, spare)
 	return loc, ok
 }
 
@@ -526,28 +549,33 @@ func (c *chainTable) prefetch(hs []uint64) {
 		c.peek(h)
 	}
 	for _, h := range hs {
-		if v := c.peek(h); v != 0 && v != chainTomb && slotFP(v) == c.fingerprint(h) {
+		if v := c.peek(h); isEntry(v) && slotFP(v) == c.fingerprint(h) {
 			c.keyOf(decode(v))
 		}
 	}
 }
 
 // probe looks for h in s: its location if found, else the first empty
-// slot (-1 if none) and how many slots the probe passed to reach it.
-func (c *chainTable) probe(s *chainSeg, h, fp, spare uint64) (loc uint64, empty, passed int, found bool) {
+// slot (-1 if none), the first tombstone before it (-1 if none), and how
+// many slots the probe passed to reach the empty one. A pending claim is
+// neither h, empty nor a tombstone.
+func (c *chainTable) probe(s *chainSeg, h, fp, spare uint64) (loc uint64, empty, tomb, passed int, found bool) {
 	home := s.home(fp, spare)
+	tomb = -1
 	for i, n := home, 0; n < len(s.slots); i, n = s.next(i, home), n+1 {
 		v := atomic.LoadUint64(&s.slots[i])
 		if v == 0 {
-			return 0, i, n, false
+			return 0, i, tomb, n, false
 		}
-		if slotFP(v) == fp && v != chainTomb {
+		if slotFP(v) == fp && isEntry(v) {
 			if k, ok := c.keyOf(decode(v)); ok && k == h {
-				return decode(v), -1, n, true
+				return decode(v), -1, -1, n, true
 			}
+		} else if v == chainTomb && tomb < 0 {
+			tomb = i
 		}
 	}
-	return 0, -1, len(s.slots), false
+	return 0, -1, tomb, len(s.slots), false
 }
 
 // tombstoned reports whether the first n slots of the probe from home
@@ -578,14 +606,14 @@ func (s *chainSeg) tombstoned(home, n int) bool {
 }
 
 // maxTombs is the tombstones a claim's probe may pass before it purges its
-// segment of them (see purge). An insert takes the first empty slot, never
-// a tombstone (so that two claims of one hash race for one slot), so a
-// hash stored and evicted again and again landed one slot further each
-// time, and a probe for it passed all of its tombstones, up to nearly a
+// segment of them (see purge). When claims took only empty slots, a hash
+// stored and evicted again and again landed one slot further each time,
+// and a probe for it passed all of its tombstones, up to nearly a
 // segment's worth, until the segment's used slots grew it: workers storing
 // and evicting the same 16 blocks (BenchmarkApplyParallel) took 16.9 us
-// for 32 block operations, 3.7 times the ConcurrentTree's time, and take
-// 5.6 with purges. A purge rewrites a segment: at 32 tombstones they came
+// for 32 block operations, 3.7 times the ConcurrentTree's time, and 5.6
+// with purges (claims now take tombstones: see reuseTombs). A purge
+// rewrites a segment: at 32 tombstones they came
 // often enough to triple a lock-free reader's p99 beside a writer trimming
 // one run 100,000 times a second (BenchmarkTrimStorm), at 128 it rose 25%
 // (at the trim rate the old table reached, the reader's p99 halved). The
@@ -594,18 +622,39 @@ const maxTombs = 128
 
 // claim makes loc the block h is claimed by, unless h already claims
 // another (or loc cannot be encoded): whether loc is h's now.
+//
+// A claim takes h's probe's first empty slot, or its first tombstone where
+// the empty slot is far (see reuseTombs). Claims of one hash race for
+// slots, and a claim taking an empty
+// slot by compare-and-swap beats any other claim of h for it; but one
+// taking a tombstone that another claim of h passed while it was an entry
+// (an entry leaves no trace of the probes that passed it) would win
+// beside the other's, at the empty slot past it. So a tombstone is taken
+// in two steps: made pending, under h's fingerprint, then the entry, only
+// if no other claim of h shows meanwhile (see contended); and a claim
+// taking an empty slot looks back for claims pending before its slot
+// (see rivalled). A split copies entries only: a claim checks for it
+// after its slot becomes an entry, as before, and claims again in the
+// segment after, where its entry may have been copied (see again).
 func (c *chainTable) claim(h, loc uint64) bool {
 	fp, spare := c.hashBits(h)
 	v, ok := c.encode(fp, loc)
 	if !ok {
 		return false
 	}
-	for {
+	for wrote := false; ; {
 		s := c.segment(fp)
-		got, empty, passed, found := c.probe(s, h, fp, spare)
+		got, empty, tomb, passed, found := c.probe(s, h, fp, spare)
+		if c.hook != nil {
+			c.hook(loc, claimProbed)
+		}
+		step := claimAwait
 		switch {
 		case found:
 			if !s.frozen.Load() {
+				if wrote {
+					return c.again(s, h, fp, spare, v, got == loc)
+				}
 				return got == loc
 			}
 		case empty < 0: // full: only at the deepest directory (see the type)
@@ -614,19 +663,187 @@ func (c *chainTable) claim(h, loc uint64) bool {
 			}
 		case passed >= maxTombs && s.tombstoned(s.home(fp, spare), passed) && c.purge(s):
 			// s is being rebuilt without its tombstones: claim there.
+		case tomb >= 0 && passed >= reuseTombs:
+			step = c.claimTomb(s, h, fp, spare, v, tomb)
 		case atomic.CompareAndSwapUint64(&s.slots[empty], 0, v):
-			if !s.frozen.Load() {
-				if c.counted(fp) && used(s.count.Add(countWeight<<32|countWeight)) > s.maxUsed()+int(s.ahead.Load()) && !c.recounted(s) {
+			if s.frozen.Load() {
+				step = claimWrote // a split may not have seen it: do it again there
+				break
+			}
+			n := int64(0)
+			if c.counted(fp) {
+				n = s.count.Add(countWeight<<32 | countWeight)
+			}
+			if passed >= reuseTombs && s.tombed.Load() {
+				step = c.rivalled(s, h, fp, spare, empty)
+				if step == claimLost {
+					c.release(h, loc)
+					return false
+				}
+			}
+			if step != claimWrote {
+				if n != 0 && used(n) > s.maxUsed()+int(s.ahead.Load()) && !c.recounted(s) {
 					c.grow(s)
 				}
 				return true
 			}
-			// A split may not have seen it: do it again there.
 		default:
-			continue // another insert took the slot: probe again
+			continue // another claim took the slot: probe again
+		}
+		switch step {
+		case claimWon:
+			return true
+		case claimWrote:
+			wrote = true
+		case claimRetry:
+			continue
 		}
 		c.await(s, fp)
 	}
+}
+
+// reuseTombs is how far a claim's first empty slot must be, in slots
+// passed, for the claim to take a tombstone before it instead: past its
+// home's cache line. Taking a tombstone costs a claim a second atomic
+// write and a look at the rest of its probe (see claimTomb); on the
+// field's corpus, where most claims find an empty slot in their home's
+// line, reusing any tombstone made the benchmark 5% slower, while a
+// worker storing and evicting the same blocks again and again lands past
+// all of their tombstones without it (results/README.md).
+const reuseTombs = lineSlots
+
+// claimStep is what a step of a claim came to.
+type claimStep uint8
+
+const (
+	claimAwait claimStep = iota // s is frozen (or reshaped): claim again in its replacement
+	claimWrote                  // the same, where a split may have copied the claim's entry
+	claimRetry                  // probe s again
+	claimWon
+	claimLost
+)
+
+// rivalled looks back from a claim of h's entry at the empty slot mine of
+// s to h's home, for a claim that took a tombstone the claim passed while
+// it was an entry: claimLost if one of them is h's entry, after waiting
+// out those of h's fingerprint pending (they wait on no claim of an
+// empty slot); claimWrote if s froze meanwhile; else claimWon.
+//
+// Most claims need not look. A claim whose empty slot is fewer than
+// reuseTombs slots into h's probe has no such rival: a claim of h probing
+// before it took the slot met the slot empty, nearer than reuseTombs, and
+// takes no tombstone; one probing after met its entry. Nor has a claim in
+// a segment no release has touched (tombed, set before its first
+// tombstone): a table only ever filled (a fresh store) never looks.
+func (c *chainTable) rivalled(s *chainSeg, h, fp, spare uint64, mine int) claimStep {
+	home := s.home(fp, spare)
+	for i := home; i != mine; i = s.next(i, home) {
+		v := atomic.LoadUint64(&s.slots[i])
+		if slotFP(v) != fp {
+			continue
+		}
+		for isPending(v) {
+			if s.frozen.Load() {
+				return claimWrote
+			}
+			runtime.Gosched()
+			v = atomic.LoadUint64(&s.slots[i])
+		}
+		if isEntry(v) {
+			if k, ok := c.keyOf(decode(v)); ok && k == h {
+				return claimLost
+			}
+		}
+	}
+	return claimWon
+}
+
+// claimTomb claims h for entry v at the tombstone free of s: pending
+// first, then the entry, unless another claim shows (see contended).
+func (c *chainTable) claimTomb(s *chainSeg, h, fp, spare, v uint64, free int) claimStep {
+	pending := fp<<(slotIDBits+slotOffBits) | chainPending
+	if !atomic.CompareAndSwapUint64(&s.slots[free], chainTomb, pending) {
+		return claimRetry
+	}
+	if c.hook != nil {
+		c.hook(decode(v), claimPended)
+	}
+	if s.frozen.Load() || c.contended(s, h, fp, spare, free) {
+		atomic.StoreUint64(&s.slots[free], chainTomb) // give the slot up
+		if s.frozen.Load() {
+			return claimAwait
+		}
+		runtime.Gosched()
+		return claimRetry
+	}
+	atomic.StoreUint64(&s.slots[free], v)
+	if s.frozen.Load() {
+		return claimWrote
+	}
+	if c.counted(fp) {
+		s.count.Add(countWeight << 32) // the slot was used already
+	}
+	return claimWon
+}
+
+// contended reports whether a claim of h, pending at the tombstone mine
+// of s, must give way: h's probe, to its first empty slot, holds an entry
+// of h, or a claim of a hash of h's fingerprint pending at a lower slot
+// (or s froze). It waits out those pending at a higher one: they give way
+// or become entries, and wait on none below them, so none waits forever.
+// Of two claims of h pending at once, at least the later one to mark its
+// slot sees the other's mark: both cannot become entries. A claim of h
+// at an empty slot past mine looks back (see rivalled).
+func (c *chainTable) contended(s *chainSeg, h, fp, spare uint64, mine int) bool {
+	home := s.home(fp, spare)
+	for i, n := home, 0; n < len(s.slots); i, n = s.next(i, home), n+1 {
+		v := atomic.LoadUint64(&s.slots[i])
+		for i > mine && isPending(v) && slotFP(v) == fp && !s.frozen.Load() {
+			runtime.Gosched()
+			v = atomic.LoadUint64(&s.slots[i])
+		}
+		switch {
+		case v == 0:
+			return false
+		case i == mine || slotFP(v) != fp:
+		case isPending(v):
+			return true // below mine, or s froze
+		case isEntry(v):
+			if k, ok := c.keyOf(decode(v)); ok && k == h {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// again ends a claim of h for entry v that may have left v in a segment
+// a split copied, on finding h's entry in s: v's (mine) or another's. A
+// claim of h at another slot may have been copied beside it; so whatever
+// it found, unless v is h's only entry there, the claim releases v
+// (wherever splits took it) and loses. Two such claims may both lose:
+// then no block is h's, which the index allows (a claim can be refused).
+func (c *chainTable) again(s *chainSeg, h, fp, spare, v uint64, mine bool) bool {
+	if mine {
+		home := s.home(fp, spare)
+		for i, n := home, 0; n < len(s.slots); i, n = s.next(i, home), n+1 {
+			w := atomic.LoadUint64(&s.slots[i])
+			if w == 0 {
+				break
+			}
+			if w != v && isEntry(w) && slotFP(w) == fp {
+				if k, ok := c.keyOf(decode(w)); ok && k == h {
+					mine = false
+					break
+				}
+			}
+		}
+		if mine {
+			return true
+		}
+	}
+	c.release(h, decode(v))
+	return false
 }
 
 // release deletes h's entry if it is loc's.
@@ -644,10 +861,13 @@ func (c *chainTable) release(h, loc uint64) {
 			if w == 0 {
 				break
 			}
-			if w == v && atomic.CompareAndSwapUint64(&s.slots[i], v, chainTomb) {
-				if !s.tombed.Load() {
-					s.tombed.Store(true)
-				}
+			if w != v {
+				continue
+			}
+			if !s.tombed.Load() {
+				s.tombed.Store(true) // before the tombstone (see rivalled)
+			}
+			if atomic.CompareAndSwapUint64(&s.slots[i], v, chainTomb) {
 				if c.counted(fp) && entries(s.count.Add(-countWeight<<32)) < s.mergeBelow() {
 					c.merge(s)
 				}
@@ -829,7 +1049,7 @@ func (c *chainTable) rebuilt(depth uint8, slots int, segs ...*chainSeg) *chainSe
 // each calls fn for every entry of s.
 func (s *chainSeg) each(fn func(v uint64)) {
 	for i := range s.slots {
-		if v := atomic.LoadUint64(&s.slots[i]); v != 0 && v != chainTomb {
+		if v := atomic.LoadUint64(&s.slots[i]); isEntry(v) {
 			fn(v)
 		}
 	}

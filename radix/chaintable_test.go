@@ -562,7 +562,7 @@ func TestChainTablePurge(t *testing.T) {
 						for off, h := range c.keys[id] {
 							fp, spare := c.hashBits(h)
 							s := c.segment(fp)
-							got, _, passed, ok := c.probe(s, h, fp, spare)
+							got, _, _, passed, ok := c.probe(s, h, fp, spare)
 							tombs := countTombs(s, s.home(fp, spare), passed)
 							if !ok || got != loc(id, off) {
 								t.Errorf("writer %d, round %d: hash %d found at %#x %v", id, r, off, got, ok)
@@ -956,4 +956,247 @@ func distinct(segs []*chainSeg) []*chainSeg {
 		}
 	}
 	return out
+}
+
+// Claims of one hash at once, by blocks of different runs (the tree's
+// aliases), beside writers storing and evicting other hashes of the same
+// home: its entry is any one claim's at a time, never two. A claim may
+// take a tombstone that another claim of the hash passed while it was an
+// entry, and the other the empty slot past it: without the pending step
+// (claimTomb) and the look back (rivalled), both won. The churn also
+// checks that claims do take tombstones: without, every release left one
+// and probes passed up to maxTombs of them between purges.
+func TestChainTableAliasChurn(t *testing.T) {
+	const aliasers, shared, churners, own = 4, 2, 3, 8
+	rounds := 3_000
+	if testing.Short() || raceEnabled {
+		rounds = 600
+	}
+	const home = 0x123
+	inv := fibInverse()
+	// Fingerprints share their low 12 bits, so every hash has one home
+	// in the table's first segment; the bits above tell them apart.
+	hashOf := func(k int) uint64 { return inv * (uint64(k)<<48 | home<<36 | 0xBEEF) }
+	c := newTestChain(aliasers+churners, max(shared, own), func(id, off int) uint64 {
+		if id <= aliasers {
+			return hashOf(1 + off) // the same hashes for every aliaser
+		}
+		return hashOf(100 + id*own + off)
+	})
+	c.mult = fibMult
+	owner := make([]atomic.Int64, shared)
+	worst := make([]int, aliasers+churners+1)
+	var wg sync.WaitGroup
+	for id := 1; id <= aliasers+churners; id++ {
+		wg.Go(func() {
+			for r := range rounds {
+				if id > aliasers { // a churner: claim its hashes, find, release
+					for off := range own {
+						if !c.claim(c.keys[id][off], loc(id, off)) {
+							t.Errorf("churner %d, round %d: claim of its own hash %d refused", id, r, off)
+							return
+						}
+					}
+					for off := range own {
+						h := c.keys[id][off]
+						fp, spare := c.hashBits(h)
+						s := c.segment(fp)
+						got, _, _, passed, ok := c.probe(s, h, fp, spare)
+						if !ok || got != loc(id, off) {
+							t.Errorf("churner %d, round %d: hash %d found at %#x %v", id, r, off, got, ok)
+							return
+						}
+						worst[id] = max(worst[id], countTombs(s, s.home(fp, spare), passed))
+						c.release(h, loc(id, off))
+					}
+					continue
+				}
+				off := r % shared
+				h := c.keys[id][off]
+				if !c.claim(h, loc(id, off)) {
+					continue
+				}
+				if o := owner[off].Swap(int64(id)); o != 0 {
+					t.Errorf("round %d: shared hash %d claimed by aliasers %d and %d at once", r, off, o, id)
+					return
+				}
+				if got, ok := c.find(h); !ok || got != loc(id, off) {
+					t.Errorf("aliaser %d, round %d: its shared hash %d found at %#x %v", id, r, off, got, ok)
+					return
+				}
+				owner[off].Store(0)
+				c.release(h, loc(id, off))
+			}
+		})
+	}
+	wg.Wait()
+	if n := chainLive(c); n != 0 {
+		t.Fatalf("%d entries left after every release", n)
+	}
+	if d := c.dir.Load(); d.depth != 0 {
+		t.Fatalf("directory depth %d: the churn split the segment", d.depth)
+	}
+	// Live entries of the home are at most shared+churners*own = 26; a
+	// claim takes a tombstone once its first empty slot is reuseTombs
+	// past its home, so probes stay near that.
+	for id, w := range worst {
+		if w > maxTombs/2 {
+			t.Fatalf("churner %d: a probe passed %d tombstones", id, w)
+		}
+	}
+}
+
+// clusterChain is a table whose hashes all have one home: run 1 holds
+// others' blocks, whose entries fill the home's probe, and runs 2 to 4
+// one block each, of one hash h, claimed at once in the tests below.
+func clusterChain(others int) (c *testChain, h uint64) {
+	inv := fibInverse()
+	hashOf := func(k int) uint64 { return inv * (uint64(k)<<48 | 0x123<<36 | 0xBEEF) }
+	c = newTestChain(4, others, func(id, off int) uint64 {
+		if id == 1 {
+			return hashOf(100 + off)
+		}
+		return hashOf(1)
+	})
+	c.mult = fibMult
+	for off := range others {
+		if !c.claim(c.keys[1][off], loc(1, off)) {
+			panic("claim refused")
+		}
+	}
+	return c, hashOf(1)
+}
+
+// holdClaim makes the claim for at the point given wait there, once, until
+// released: reached says it got there.
+func holdClaim(c *testChain, at uint64, point claimPoint) (reached, release chan struct{}) {
+	reached, release = make(chan struct{}), make(chan struct{})
+	var once atomic.Bool
+	c.hook = func(l uint64, p claimPoint) {
+		if l == at && p == point && once.CompareAndSwap(false, true) {
+			close(reached)
+			<-release
+		}
+	}
+	return reached, release
+}
+
+func within[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(time.Minute):
+		t.Fatalf("%s: still waiting after a minute", what)
+		var zero T
+		return zero
+	}
+}
+
+// checkOnlyClaim checks that h's entry is want's, and that releasing it
+// and the others' leaves the table empty.
+func checkOnlyClaim(t *testing.T, c *testChain, h, want uint64) {
+	t.Helper()
+	if got, ok := c.find(h); !ok || got != want {
+		t.Fatalf("h found at %#x %v, want %#x", got, ok, want)
+	}
+	c.release(h, want)
+	for off, g := range c.keys[1] {
+		c.release(g, loc(1, off))
+	}
+	if n := chainLive(c); n != 0 {
+		t.Fatalf("%d entries left after every release: a claim that lost left its entry", n)
+	}
+}
+
+// A claim of h taking an empty slot at the end of h's probe, whose probe
+// ran before a release left a tombstone at its start, where another
+// claim of h then won: the first claim looks back and loses (rivalled).
+func TestChainTableClaimLooksBack(t *testing.T) {
+	c, h := clusterChain(reuseTombs + 1)
+	b := loc(3, 0)
+	reached, release := holdClaim(c, b, claimProbed)
+	won := make(chan bool)
+	go func() { won <- c.claim(h, b) }()
+	within(t, reached, "the held claim")
+	c.release(c.keys[1][0], loc(1, 0)) // a tombstone at the start of h's probe
+	if !c.claim(h, loc(2, 0)) {
+		t.Fatal("the claim taking the tombstone lost")
+	}
+	fp, spare := c.hashBits(h)
+	s := c.segment(fp)
+	if v := atomic.LoadUint64(&s.slots[s.home(fp, spare)]); decode(v) != loc(2, 0) {
+		t.Fatalf("h's home holds %#x: the claim did not take the tombstone there", v)
+	}
+	close(release)
+	if within(t, won, "the held claim") {
+		t.Fatal("both claims of h won")
+	}
+	checkOnlyClaim(t, c, h, loc(2, 0))
+}
+
+// A claim of h about to take a tombstone, held while another claim of h
+// takes the empty slot past it and wins: the first, looking at the rest
+// of the probe once its tombstone is pending, gives way (contended).
+func TestChainTableClaimGivesWay(t *testing.T) {
+	c, h := clusterChain(reuseTombs + 1)
+	b, a := loc(3, 0), loc(2, 0)
+	reachedB, releaseB := holdClaim(c, b, claimProbed)
+	wonB := make(chan bool)
+	go func() { wonB <- c.claim(h, b) }()
+	within(t, reachedB, "the empty slot's claim")
+	c.release(c.keys[1][0], loc(1, 0))
+	reachedA, releaseA := holdClaim(c, a, claimProbed)
+	wonA := make(chan bool)
+	go func() { wonA <- c.claim(h, a) }()
+	within(t, reachedA, "the tombstone's claim")
+	close(releaseB)
+	if !within(t, wonB, "the empty slot's claim") {
+		t.Fatal("the empty slot's claim lost, with no other entry of h")
+	}
+	close(releaseA)
+	if within(t, wonA, "the tombstone's claim") {
+		t.Fatal("both claims of h won")
+	}
+	checkOnlyClaim(t, c, h, b)
+}
+
+// Two claims of h taking tombstones at once: the one pending lower goes
+// first and wins; the other gives way until it is an entry, and loses.
+func TestChainTableClaimsPendingTogether(t *testing.T) {
+	c, h := clusterChain(reuseTombs + 2)
+	c.release(c.keys[1][0], loc(1, 0))
+	c.release(c.keys[1][1], loc(1, 1))
+	a1, a2 := loc(2, 0), loc(3, 0)
+	reached, release := make(chan struct{}), make(chan struct{})
+	retried := make(chan struct{})
+	var held, probes atomic.Int32
+	c.hook = func(l uint64, p claimPoint) {
+		switch {
+		case l == a1 && p == claimPended && held.Add(1) == 1:
+			close(reached)
+			<-release
+		case l == a2 && p == claimProbed && probes.Add(1) == 3:
+			close(retried) // it gave way twice
+		}
+	}
+	won1, won2 := make(chan bool), make(chan bool)
+	go func() { won1 <- c.claim(h, a1) }()
+	within(t, reached, "the first claim")
+	go func() { won2 <- c.claim(h, a2) }()
+	select {
+	case <-won2:
+		t.Fatal("the second claim ended while the first was pending below it")
+	case <-retried:
+	case <-time.After(time.Minute):
+		t.Fatal("the second claim neither ended nor retried in a minute")
+	}
+	close(release)
+	if !within(t, won1, "the first claim") {
+		t.Fatal("the claim pending lower lost")
+	}
+	if within(t, won2, "the second claim") {
+		t.Fatal("both claims of h won")
+	}
+	checkOnlyClaim(t, c, h, a1)
 }
