@@ -505,7 +505,7 @@ func (d *chainDir) index(s *chainSeg) int {
 // find returns the block engine hash h is claimed by.
 func (c *chainTable) find(h uint64) (uint64, bool) {
 	fp, spare := c.hashBits(h)
-	loc, _, _, _, ok := c.probe(c.segment(fp), h, fp, spare)
+	loc, _, _, ok := c.probe(c.segment(fp), h, fp, spare)
 	return loc, ok
 }
 
@@ -556,26 +556,40 @@ func (c *chainTable) prefetch(hs []uint64) {
 }
 
 // probe looks for h in s: its location if found, else the first empty
-// slot (-1 if none), the first tombstone before it (-1 if none), and how
-// many slots the probe passed to reach the empty one. A pending claim is
-// neither h, empty nor a tombstone.
-func (c *chainTable) probe(s *chainSeg, h, fp, spare uint64) (loc uint64, empty, tomb, passed int, found bool) {
+// slot (-1 if none) and how many slots the probe passed to reach it. A
+// pending claim is neither h nor empty.
+func (c *chainTable) probe(s *chainSeg, h, fp, spare uint64) (loc uint64, empty, passed int, found bool) {
 	home := s.home(fp, spare)
-	tomb = -1
 	for i, n := home, 0; n < len(s.slots); i, n = s.next(i, home), n+1 {
 		v := atomic.LoadUint64(&s.slots[i])
 		if v == 0 {
-			return 0, i, tomb, n, false
+			return 0, i, n, false
 		}
 		if slotFP(v) == fp && isEntry(v) {
 			if k, ok := c.keyOf(decode(v)); ok && k == h {
-				return decode(v), -1, -1, n, true
+				return decode(v), -1, n, true
 			}
-		} else if v == chainTomb && tomb < 0 {
-			tomb = i
 		}
 	}
-	return 0, -1, tomb, len(s.slots), false
+	return 0, -1, len(s.slots), false
+}
+
+// reusable returns the first tombstone among the first n slots of the
+// probe from home, where they hold reuseTombs tombstones at least; else
+// -1. It reads again what the probe read, in cache (see reuseProbe).
+func (s *chainSeg) reusable(home, n int) int {
+	first, tombs := -1, 0
+	for i, k := home, 0; k < n; i, k = s.next(i, home), k+1 {
+		if atomic.LoadUint64(&s.slots[i]) == chainTomb {
+			if tombs == 0 {
+				first = i
+			}
+			if tombs++; tombs == reuseTombs {
+				return first
+			}
+		}
+	}
+	return -1
 }
 
 // tombstoned reports whether the first n slots of the probe from home
@@ -624,7 +638,7 @@ const maxTombs = 128
 // another (or loc cannot be encoded): whether loc is h's now.
 //
 // A claim takes h's probe's first empty slot, or its first tombstone where
-// the empty slot is far (see reuseTombs). Claims of one hash race for
+// the probe passes many (see reuseTombs). Claims of one hash race for
 // slots, and a claim taking an empty
 // slot by compare-and-swap beats any other claim of h for it; but one
 // taking a tombstone that another claim of h passed while it was an entry
@@ -644,7 +658,11 @@ func (c *chainTable) claim(h, loc uint64) bool {
 	}
 	for wrote := false; ; {
 		s := c.segment(fp)
-		got, empty, tomb, passed, found := c.probe(s, h, fp, spare)
+		got, empty, passed, found := c.probe(s, h, fp, spare)
+		tomb := -1
+		if passed >= reuseProbe && s.tombed.Load() {
+			tomb = s.reusable(s.home(fp, spare), passed)
+		}
 		if c.hook != nil {
 			c.hook(loc, claimProbed)
 		}
@@ -663,7 +681,7 @@ func (c *chainTable) claim(h, loc uint64) bool {
 			}
 		case passed >= maxTombs && s.tombstoned(s.home(fp, spare), passed) && c.purge(s):
 			// s is being rebuilt without its tombstones: claim there.
-		case tomb >= 0 && passed >= reuseTombs:
+		case tomb >= 0:
 			step = c.claimTomb(s, h, fp, spare, v, tomb)
 		case atomic.CompareAndSwapUint64(&s.slots[empty], 0, v):
 			if s.frozen.Load() {
@@ -674,7 +692,7 @@ func (c *chainTable) claim(h, loc uint64) bool {
 			if c.counted(fp) {
 				n = s.count.Add(countWeight<<32 | countWeight)
 			}
-			if passed >= reuseTombs && s.tombed.Load() {
+			if passed >= reuseProbe && s.tombed.Load() {
 				step = c.rivalled(s, h, fp, spare, empty)
 				if step == claimLost {
 					c.release(h, loc)
@@ -702,15 +720,21 @@ func (c *chainTable) claim(h, loc uint64) bool {
 	}
 }
 
-// reuseTombs is how far a claim's first empty slot must be, in slots
-// passed, for the claim to take a tombstone before it instead: past its
-// home's cache line. Taking a tombstone costs a claim a second atomic
-// write and a look at the rest of its probe (see claimTomb); on the
-// field's corpus, where most claims find an empty slot in their home's
-// line, reusing any tombstone made the benchmark 5% slower, while a
-// worker storing and evicting the same blocks again and again lands past
-// all of their tombstones without it (results/README.md).
-const reuseTombs = lineSlots
+// A claim whose probe passes reuseProbe slots before its first empty one
+// looks among them for tombstones, and takes the first if they hold
+// reuseTombs: the blocks a worker stores and evicts again and again line
+// its probe with tombstones, and no longer land past all of them. Taking
+// a tombstone costs a claim a second atomic write and a look at the rest
+// of its probe (see claimTomb), and leaves a segment's tombstones to fill
+// rather than to be purged by its next reshape; and looking costs a second
+// pass over the probe. Most probes are shorter: at a line's worth of
+// slots and of tombstones, or counting tombstones in every probe, the
+// field's benchmark on a grown table ran 6-11% slower (6 of 6 rounds
+// each), its segments filling to 7/8 between splits (results/README.md).
+const (
+	reuseProbe = 4 * lineSlots
+	reuseTombs = reuseProbe / 2
+)
 
 // claimStep is what a step of a claim came to.
 type claimStep uint8
@@ -730,9 +754,9 @@ const (
 // empty slot); claimWrote if s froze meanwhile; else claimWon.
 //
 // Most claims need not look. A claim whose empty slot is fewer than
-// reuseTombs slots into h's probe has no such rival: a claim of h probing
-// before it took the slot met the slot empty, nearer than reuseTombs, and
-// takes no tombstone; one probing after met its entry. Nor has a claim in
+// reuseProbe slots into h's probe has no such rival: a claim of h probing
+// before it took the slot met the slot empty, nearer than that, and takes
+// no tombstone; one probing after met its entry. Nor has a claim in
 // a segment no release has touched (tombed, set before its first
 // tombstone): a table only ever filled (a fresh store) never looks.
 func (c *chainTable) rivalled(s *chainSeg, h, fp, spare uint64, mine int) claimStep {

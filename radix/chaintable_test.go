@@ -562,7 +562,7 @@ func TestChainTablePurge(t *testing.T) {
 						for off, h := range c.keys[id] {
 							fp, spare := c.hashBits(h)
 							s := c.segment(fp)
-							got, _, _, passed, ok := c.probe(s, h, fp, spare)
+							got, _, passed, ok := c.probe(s, h, fp, spare)
 							tombs := countTombs(s, s.home(fp, spare), passed)
 							if !ok || got != loc(id, off) {
 								t.Errorf("writer %d, round %d: hash %d found at %#x %v", id, r, off, got, ok)
@@ -1001,7 +1001,7 @@ func TestChainTableAliasChurn(t *testing.T) {
 						h := c.keys[id][off]
 						fp, spare := c.hashBits(h)
 						s := c.segment(fp)
-						got, _, _, passed, ok := c.probe(s, h, fp, spare)
+						got, _, passed, ok := c.probe(s, h, fp, spare)
 						if !ok || got != loc(id, off) {
 							t.Errorf("churner %d, round %d: hash %d found at %#x %v", id, r, off, got, ok)
 							return
@@ -1037,8 +1037,8 @@ func TestChainTableAliasChurn(t *testing.T) {
 		t.Fatalf("directory depth %d: the churn split the segment", d.depth)
 	}
 	// Live entries of the home are at most shared+churners*own = 26; a
-	// claim takes a tombstone once its first empty slot is reuseTombs
-	// past its home, so probes stay near that.
+	// claim takes a tombstone once its probe passes reuseProbe slots,
+	// reuseTombs of them tombstones, so probes stay near that.
 	for id, w := range worst {
 		if w > maxTombs/2 {
 			t.Fatalf("churner %d: a probe passed %d tombstones", id, w)
@@ -1065,6 +1065,14 @@ func clusterChain(others int) (c *testChain, h uint64) {
 		}
 	}
 	return c, hashOf(1)
+}
+
+// releaseOthers releases the first n of the others' blocks: tombstones
+// at the start of h's probe.
+func releaseOthers(c *testChain, n int) {
+	for off := range n {
+		c.release(c.keys[1][off], loc(1, off))
+	}
 }
 
 // holdClaim makes the claim for at the point given wait there, once, until
@@ -1101,9 +1109,7 @@ func checkOnlyClaim(t *testing.T, c *testChain, h, want uint64) {
 		t.Fatalf("h found at %#x %v, want %#x", got, ok, want)
 	}
 	c.release(h, want)
-	for off, g := range c.keys[1] {
-		c.release(g, loc(1, off))
-	}
+	releaseOthers(c, len(c.keys[1]))
 	if n := chainLive(c); n != 0 {
 		t.Fatalf("%d entries left after every release: a claim that lost left its entry", n)
 	}
@@ -1113,13 +1119,13 @@ func checkOnlyClaim(t *testing.T, c *testChain, h, want uint64) {
 // ran before a release left a tombstone at its start, where another
 // claim of h then won: the first claim looks back and loses (rivalled).
 func TestChainTableClaimLooksBack(t *testing.T) {
-	c, h := clusterChain(reuseTombs + 1)
+	c, h := clusterChain(reuseProbe + 1)
 	b := loc(3, 0)
 	reached, release := holdClaim(c, b, claimProbed)
 	won := make(chan bool)
 	go func() { won <- c.claim(h, b) }()
 	within(t, reached, "the held claim")
-	c.release(c.keys[1][0], loc(1, 0)) // a tombstone at the start of h's probe
+	releaseOthers(c, reuseTombs) // tombstones at the start of h's probe
 	if !c.claim(h, loc(2, 0)) {
 		t.Fatal("the claim taking the tombstone lost")
 	}
@@ -1139,13 +1145,13 @@ func TestChainTableClaimLooksBack(t *testing.T) {
 // takes the empty slot past it and wins: the first, looking at the rest
 // of the probe once its tombstone is pending, gives way (contended).
 func TestChainTableClaimGivesWay(t *testing.T) {
-	c, h := clusterChain(reuseTombs + 1)
+	c, h := clusterChain(reuseProbe + 1)
 	b, a := loc(3, 0), loc(2, 0)
 	reachedB, releaseB := holdClaim(c, b, claimProbed)
 	wonB := make(chan bool)
 	go func() { wonB <- c.claim(h, b) }()
 	within(t, reachedB, "the empty slot's claim")
-	c.release(c.keys[1][0], loc(1, 0))
+	releaseOthers(c, reuseTombs)
 	reachedA, releaseA := holdClaim(c, a, claimProbed)
 	wonA := make(chan bool)
 	go func() { wonA <- c.claim(h, a) }()
@@ -1164,9 +1170,8 @@ func TestChainTableClaimGivesWay(t *testing.T) {
 // Two claims of h taking tombstones at once: the one pending lower goes
 // first and wins; the other gives way until it is an entry, and loses.
 func TestChainTableClaimsPendingTogether(t *testing.T) {
-	c, h := clusterChain(reuseTombs + 2)
-	c.release(c.keys[1][0], loc(1, 0))
-	c.release(c.keys[1][1], loc(1, 1))
+	c, h := clusterChain(reuseProbe + 2)
+	releaseOthers(c, reuseTombs+1)
 	a1, a2 := loc(2, 0), loc(3, 0)
 	reached, release := make(chan struct{}), make(chan struct{})
 	retried := make(chan struct{})

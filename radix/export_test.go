@@ -407,7 +407,7 @@ func ChainTombRun(t *CompressedTree) int {
 				return
 			}
 			fp, spare := t.chain.hashBits(h)
-			if _, _, _, passed, found := t.chain.probe(s, h, fp, spare); found {
+			if _, _, passed, found := t.chain.probe(s, h, fp, spare); found {
 				most = max(most, countTombs(s, s.home(fp, spare), passed))
 			}
 		})
