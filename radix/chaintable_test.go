@@ -967,7 +967,17 @@ func distinct(segs []*chainSeg) []*chainSeg {
 // tombstones: without, every release left one and probes passed up to
 // maxTombs of them between purges.
 func TestChainTableAliasChurn(t *testing.T) {
-	const aliasers, shared, churners, own = 4, 2, 3, 8
+	for _, splits := range []bool{false, true} {
+		t.Run(fmt.Sprintf("splits=%v", splits), func(t *testing.T) { testChainTableAliasChurn(t, splits) })
+	}
+}
+
+// testChainTableAliasChurn is TestChainTableAliasChurn; with splits, a
+// filler claims hashes of other homes meanwhile, so that the segments
+// split under the claims (a claim seeing its segment frozen claims again
+// in the next: see again).
+func testChainTableAliasChurn(t *testing.T, splits bool) {
+	const aliasers, shared, churners, own, fillRuns, fill = 4, 2, 3, 8, 5, 4_000
 	rounds := 3_000
 	if testing.Short() || raceEnabled {
 		rounds = 600
@@ -975,18 +985,36 @@ func TestChainTableAliasChurn(t *testing.T) {
 	const home = 0x123
 	inv := fibInverse()
 	// Fingerprints share their low 12 bits, so every hash has one home
-	// in the table's first segment; the bits above tell them apart.
+	// in its segment, however the table splits; the bits above tell them
+	// apart.
 	hashOf := func(k int) uint64 { return inv * (uint64(k)<<48 | home<<36 | 0xBEEF) }
-	c := newTestChain(aliasers+churners, max(shared, own), func(id, off int) uint64 {
-		if id <= aliasers {
+	rng := rand.New(rand.NewPCG(5, 6))
+	filler := aliasers + churners + 1 // the first of fillRuns runs
+	c := newTestChain(filler+fillRuns-1, fill, func(id, off int) uint64 {
+		switch {
+		case id <= aliasers:
 			return hashOf(1 + off) // the same hashes for every aliaser
+		case id < filler:
+			return hashOf(100 + id*own + off)
 		}
-		return hashOf(100 + id*own + off)
+		return rng.Uint64()
 	})
 	c.mult = fibMult
 	owner := make([]atomic.Int64, shared)
 	worst := make([]int, aliasers+churners+1)
 	var wg sync.WaitGroup
+	if splits {
+		wg.Go(func() {
+			for id := filler; id < len(c.keys); id++ {
+				for off, h := range c.keys[id] {
+					if !c.claim(h, loc(id, off)) {
+						t.Errorf("filler: claim %d/%d refused", id, off)
+						return
+					}
+				}
+			}
+		})
+	}
 	for id := 1; id <= aliasers+churners; id++ {
 		wg.Go(func() {
 			for r := range rounds {
@@ -1030,11 +1058,16 @@ func TestChainTableAliasChurn(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	for id := filler; splits && id < len(c.keys); id++ {
+		for off, h := range c.keys[id] {
+			c.release(h, loc(id, off))
+		}
+	}
 	if n := chainLive(c); n != 0 {
 		t.Fatalf("%d entries left after every release", n)
 	}
-	if d := c.dir.Load(); d.depth != 0 {
-		t.Fatalf("directory depth %d: the churn split the segment", d.depth)
+	if d := c.dir.Load(); (d.depth > 0) != splits {
+		t.Fatalf("directory depth %d, splits %v", d.depth, splits)
 	}
 	// Live entries of the home are at most shared+churners*own = 26; a
 	// claim takes a tombstone once its probe passes reuseProbe slots,
