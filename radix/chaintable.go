@@ -574,24 +574,6 @@ func (c *chainTable) probe(s *chainSeg, h, fp, spare uint64) (loc uint64, empty,
 	return 0, -1, len(s.slots), false
 }
 
-// reusable returns the first tombstone among the first n slots of the
-// probe from home, where they hold reuseTombs tombstones at least; else
-// -1. It reads again what the probe read, in cache (see reuseProbe).
-func (s *chainSeg) reusable(home, n int) int {
-	first, tombs := -1, 0
-	for i, k := home, 0; k < n; i, k = s.next(i, home), k+1 {
-		if atomic.LoadUint64(&s.slots[i]) == chainTomb {
-			if tombs == 0 {
-				first = i
-			}
-			if tombs++; tombs == reuseTombs {
-				return first
-			}
-		}
-	}
-	return -1
-}
-
 // tombstoned reports whether the first n slots of the probe from home
 // hold maxTombs tombstones. A probe passes many live entries too, in a
 // grown segment near its split, and counting every probe's tombstones as
@@ -602,21 +584,39 @@ func (s *chainSeg) reusable(home, n int) int {
 // cannot tell: it samples by hash, and the few hashes stored and evicted
 // again and again may all be uncounted.
 func (s *chainSeg) tombstoned(home, n int) bool {
-	if !s.tombed.Load() {
-		return false
+	return s.tombed.Load() && s.firstOf(home, n, maxTombs) >= 0
+}
+
+// reusable returns the tombstone a claim whose probe from home passed n
+// slots takes: the first of them, where they hold reuseTombs tombstones
+// (see reuseProbe); else -1.
+func (s *chainSeg) reusable(home, n int) int {
+	if n < reuseProbe || !s.tombed.Load() {
+		return -1
 	}
-	t := 0
+	return s.firstOf(home, n, reuseTombs)
+}
+
+// firstOf returns the first tombstone among the first n slots of the
+// probe from home, where they hold want tombstones at least; else -1. It
+// reads again what the probe read, in cache, and stops where the slots
+// left cannot make up the difference.
+func (s *chainSeg) firstOf(home, n, want int) int {
+	first, t := -1, 0
 	for i, k := home, 0; k < n; i, k = s.next(i, home), k+1 {
-		if t+n-k < maxTombs {
-			return false
+		if t+n-k < want {
+			return -1
 		}
 		if atomic.LoadUint64(&s.slots[i]) == chainTomb {
-			if t++; t == maxTombs {
-				return true
+			if t == 0 {
+				first = i
+			}
+			if t++; t == want {
+				return first
 			}
 		}
 	}
-	return false
+	return -1
 }
 
 // maxTombs is the tombstones a claim's probe may pass before it purges its
@@ -659,10 +659,7 @@ func (c *chainTable) claim(h, loc uint64) bool {
 	for wrote := false; ; {
 		s := c.segment(fp)
 		got, empty, passed, found := c.probe(s, h, fp, spare)
-		tomb := -1
-		if passed >= reuseProbe && s.tombed.Load() {
-			tomb = s.reusable(s.home(fp, spare), passed)
-		}
+		tomb := s.reusable(s.home(fp, spare), passed)
 		if c.hook != nil {
 			c.hook(loc, claimProbed)
 		}
@@ -684,33 +681,15 @@ func (c *chainTable) claim(h, loc uint64) bool {
 		case tomb >= 0:
 			step = c.claimTomb(s, h, fp, spare, v, tomb)
 		case atomic.CompareAndSwapUint64(&s.slots[empty], 0, v):
-			if s.frozen.Load() {
-				step = claimWrote // a split may not have seen it: do it again there
-				break
-			}
-			n := int64(0)
-			if c.counted(fp) {
-				n = s.count.Add(countWeight<<32 | countWeight)
-			}
-			if passed >= reuseProbe && s.tombed.Load() {
-				step = c.rivalled(s, h, fp, spare, empty)
-				if step == claimLost {
-					c.release(h, loc)
-					return false
-				}
-			}
-			if step != claimWrote {
-				if n != 0 && used(n) > s.maxUsed()+int(s.ahead.Load()) && !c.recounted(s) {
-					c.grow(s)
-				}
-				return true
-			}
+			step = c.tookEmpty(s, h, fp, spare, v, empty, passed)
 		default:
 			continue // another claim took the slot: probe again
 		}
 		switch step {
 		case claimWon:
 			return true
+		case claimLost:
+			return false
 		case claimWrote:
 			wrote = true
 		case claimRetry:
@@ -746,6 +725,33 @@ const (
 	claimWon
 	claimLost
 )
+
+// tookEmpty ends a claim of h whose entry v took the empty slot empty of
+// s, passed slots into h's probe: it counts the entry and grows s where
+// it is full, unless a rival shows (see rivalled) or s froze (a split may
+// not have seen the entry: claim again in the next).
+func (c *chainTable) tookEmpty(s *chainSeg, h, fp, spare, v uint64, empty, passed int) claimStep {
+	if s.frozen.Load() {
+		return claimWrote
+	}
+	n := int64(0)
+	if c.counted(fp) {
+		n = s.count.Add(countWeight<<32 | countWeight)
+	}
+	if passed >= reuseProbe && s.tombed.Load() {
+		switch c.rivalled(s, h, fp, spare, empty) {
+		case claimLost:
+			c.release(h, decode(v))
+			return claimLost
+		case claimWrote:
+			return claimWrote
+		}
+	}
+	if n != 0 && used(n) > s.maxUsed()+int(s.ahead.Load()) && !c.recounted(s) {
+		c.grow(s)
+	}
+	return claimWon
+}
 
 // rivalled looks back from a claim of h's entry at the empty slot mine of
 // s to h's home, for a claim that took a tombstone the claim passed while

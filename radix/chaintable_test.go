@@ -982,20 +982,14 @@ func testChainTableAliasChurn(t *testing.T, splits bool) {
 	if testing.Short() || raceEnabled {
 		rounds = 600
 	}
-	const home = 0x123
-	inv := fibInverse()
-	// Fingerprints share their low 12 bits, so every hash has one home
-	// in its segment, however the table splits; the bits above tell them
-	// apart.
-	hashOf := func(k int) uint64 { return inv * (uint64(k)<<48 | home<<36 | 0xBEEF) }
 	rng := rand.New(rand.NewPCG(5, 6))
 	filler := aliasers + churners + 1 // the first of fillRuns runs
 	c := newTestChain(filler+fillRuns-1, fill, func(id, off int) uint64 {
 		switch {
 		case id <= aliasers:
-			return hashOf(1 + off) // the same hashes for every aliaser
+			return homeHash(1 + off) // the same hashes for every aliaser
 		case id < filler:
-			return hashOf(100 + id*own + off)
+			return homeHash(100 + id*own + off)
 		}
 		return rng.Uint64()
 	})
@@ -1083,13 +1077,11 @@ func testChainTableAliasChurn(t *testing.T, splits bool) {
 // others' blocks, whose entries fill the home's probe, and runs 2 to 4
 // one block each, of one hash h, claimed at once in the tests below.
 func clusterChain(others int) (c *testChain, h uint64) {
-	inv := fibInverse()
-	hashOf := func(k int) uint64 { return inv * (uint64(k)<<48 | 0x123<<36 | 0xBEEF) }
 	c = newTestChain(4, others, func(id, off int) uint64 {
 		if id == 1 {
-			return hashOf(100 + off)
+			return homeHash(100 + off)
 		}
-		return hashOf(1)
+		return homeHash(1)
 	})
 	c.mult = fibMult
 	for off := range others {
@@ -1097,7 +1089,15 @@ func clusterChain(others int) (c *testChain, h uint64) {
 			panic("claim refused")
 		}
 	}
-	return c, hashOf(1)
+	return c, homeHash(1)
+}
+
+// homeHash returns the k-th of hashes whose fingerprints, in a table
+// multiplying by fibMult, share their low 12 bits: every one has one home
+// in its segment, however the table splits; the bits above tell them
+// apart.
+func homeHash(k int) uint64 {
+	return fibInverse() * (uint64(k)<<48 | 0x123<<36 | 0xBEEF)
 }
 
 // releaseOthers releases the first n of the others' blocks: tombstones
