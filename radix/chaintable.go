@@ -27,15 +27,21 @@ import (
 // touching the others, and one whose tombstones lengthen a claim's probe
 // is rebuilt without them (see maxTombs). So the table never rehashes as a
 // whole, never faults in more than one segment's pages at a time, and a
-// slot costs 8 bytes: the hash itself is not kept. A slot packs a 28-bit
-// fingerprint of the hash with the block's location (24 bits of run id, 12
+// slot costs 8 bytes: the hash itself is not kept. A slot packs a 30-bit
+// fingerprint of the hash with the block's location (23 bits of run id, 11
 // of offset); a probe compares fingerprints, and only on a match reads the
 // block's engine hash through keyOf. Splits rehash by fingerprint alone:
 // the directory takes the fingerprint's top bits and the home slot its 12
 // low bits. Two entries of one home in one segment share all but the
-// fingerprint's middle bits: 5 of them at 2,048 segments (6M blocks), so a
-// probe reads another block's hash about once in 25; past 65,536 segments
-// none are left, and probes read more but stay exact. A segment reserved
+// fingerprint's middle bits: 7 of them at 2,048 segments (6M blocks), so a
+// claim reads another block's hash about once in 380 (the trace's store);
+// past 262,144 segments none are left, and probes read more but stay
+// exact. Two of those bits were the location's: at 28 bits of fingerprint
+// (24 of run id, 12 of offset) a claim read another block's hash once in
+// 94, a chain of cache misses each, and the grown fresh store ran 3.8%
+// slower (results/README.md). 2^23 live runs of up to 2,048 blocks are
+// plenty (the trace takes 12,000), and a block past them is named by its
+// workers: exactly, more slowly. A segment reserved
 // up front takes its homes from 12 bits of the hash that the slots do not
 // keep instead, so that its entries of one home share only the directory's
 // bits (see chainSeg.home).
@@ -76,7 +82,7 @@ type chainTable struct {
 	// keyOf returns the engine hash block loc is claimed by, or false if
 	// loc is no block (its run gone). It is called on a fingerprint match.
 	keyOf func(loc uint64) (uint64, bool)
-	// ids bounds the run ids a slot takes: 2^24, lower in tests.
+	// ids bounds the run ids a slot takes: 2^23, lower in tests.
 	ids uint64
 	// salt picks the entries a segment's count counts (see chainSeg).
 	salt uint64
@@ -200,10 +206,10 @@ func newSeg(depth uint8, slots int) *chainSeg {
 // the hash's 12 below its fingerprint. Any other segment is built by
 // rebuilding others, from their slots alone, so it takes the fingerprint's
 // low 12 bits, scaled to its length: two entries of one home there share
-// all of their fingerprint but its middle bits (5 at 2,048 segments), and
-// a probe reads another block's engine hash through keyOf about once in 25
-// claims, a chain of cache misses each (7% of the CPU of the field's
-// corpus's events, profiled). In a reserved segment they share only its
+// all of their fingerprint but its middle bits (7 at 2,048 segments), and
+// a probe reads another block's engine hash through keyOf about once in
+// 380 claims, a chain of cache misses each (at 5 bits, once in 94: 7% of
+// the CPU of the field's corpus's events, profiled). In a reserved segment they share only its
 // directory bits, so a claim nearly never reads one (results/README.md).
 func (s *chainSeg) home(fp, spare uint64) int {
 	if s.spare {
@@ -277,26 +283,26 @@ const (
 	// segMaxUsed is a full-size segment's maxUsed.
 	segMaxUsed = segSlots * 7 / 8
 
-	fpBits    = 28
+	fpBits    = 30
 	chainTomb = 1 // run id 0, offset 1: never a block
 	// chainPending, under a fingerprint, is a claim of a hash of that
 	// fingerprint in progress (run id 0, offset 2: never a block either):
 	// see claim.
 	chainPending = 2
 
-	slotIDBits  = 24
-	slotOffBits = 12
+	slotIDBits  = 23
+	slotOffBits = 11
 	// maxRunLen caps a run's length so that every offset fits a slot: a
 	// store past it continues in a child run.
 	maxRunLen = 1 << slotOffBits
 )
 
-// hashBits returns h's fingerprint, the top 28 bits of h times the
+// hashBits returns h's fingerprint, the top 30 bits of h times the
 // table's multiplier, and its spare bits, the product's next 12, which
 // reserved segments take their homes from (see chainSeg.home). The
 // multiplier is odd and random (multiply-shift hashing): for any two
 // hashes, chosen by an engine that does not know it, the chance that they
-// share a fingerprint is at most 2 in 2^28. With a fixed multiplier (the
+// share a fingerprint is at most 2 in 2^30. With a fixed multiplier (the
 // Fibonacci one, fibMult) an engine could choose hashes of one
 // fingerprint; their entries all share one segment and one home, and
 // probing them reads every one's block. A fixed multiplier behind a
@@ -318,7 +324,7 @@ func (c *chainTable) fingerprint(h uint64) uint64 {
 }
 
 // encode packs a block's location with its hash's fingerprint; false if
-// the location does not fit a slot (its run id is past 2^24: such a block
+// the location does not fit a slot (its run id is past 2^23: such a block
 // is not claimed, and its names are the workers' own).
 func (c *chainTable) encode(fp, loc uint64) (uint64, bool) {
 	id, off := loc>>32, loc&(1<<32-1)

@@ -45,7 +45,7 @@ func loc(id, off int) uint64 { return uint64(id)<<32 | uint64(off) }
 // then only, with the segments it serves then: a grown table's doublings
 // are what a grown tree warms its heap ahead at (warmAhead).
 func TestChainTableDoubled(t *testing.T) {
-	const runs, perRun = 32, 4096
+	const runs, perRun = 64, maxRunLen
 	rng := rand.New(rand.NewPCG(3, 4))
 	c := newTestChain(runs, perRun, func(int, int) uint64 { return rng.Uint64() })
 	var calls []int
@@ -84,7 +84,7 @@ func TestChainTableDoubled(t *testing.T) {
 // grows to full size instead, at its depth, so that it neither splits
 // early nor deepens the directory.
 func TestChainTableGrowth(t *testing.T) {
-	const runs, perRun = 2, 4096
+	const runs, perRun = 4, maxRunLen
 	rng := rand.New(rand.NewPCG(5, 6))
 	c := newTestChain(runs, perRun, func(int, int) uint64 { return rng.Uint64() })
 	fill := func(s *chainSeg, upTo int) {
@@ -142,9 +142,9 @@ func TestChainTableGrowth(t *testing.T) {
 // slots are within 1/16 of its maxUsed, and then split in two, never grown
 // first.
 func TestChainTableRecount(t *testing.T) {
-	const perRun, skewed = 4096, 400
+	const runs, perRun, skewed = 2, maxRunLen, 400
 	rng := rand.New(rand.NewPCG(9, 10))
-	c := newTestChain(1, perRun, func(int, int) uint64 { return rng.Uint64() })
+	c := newTestChain(runs, perRun, func(int, int) uint64 { return rng.Uint64() })
 	for off := range skewed { // keys the count counts, each for countWeight
 		for h := c.keys[1][off]; ; h = rng.Uint64() {
 			if c.counted(c.fingerprint(h)) {
@@ -154,20 +154,21 @@ func TestChainTableRecount(t *testing.T) {
 		}
 	}
 	first := c.dir.Load().segs[0].Load()
-	for off := range perRun {
-		if !c.claim(c.keys[1][off], loc(1, off)) {
-			t.Fatalf("claim %d refused", off)
+	for i := range runs * perRun {
+		id, off := 1+i/perRun, i%perRun
+		if !c.claim(c.keys[id][off], loc(id, off)) {
+			t.Fatalf("claim %d refused", i)
 		}
 		if s := c.dir.Load().segs[0].Load(); s != first {
-			if off+1 < first.nearFull() {
-				t.Fatalf("reshaped at %d entries, under the %d a small segment holds nearly full", off+1, first.nearFull())
+			if i+1 < first.nearFull() {
+				t.Fatalf("reshaped at %d entries, under the %d a small segment holds nearly full", i+1, first.nearFull())
 			}
 			if segs := distinct(c.dir.Load().loaded()); len(segs) != 2 || len(segs[0].slots) != segSmall || len(segs[1].slots) != segSmall {
-				t.Fatalf("the first reshape, at %d entries, left %d segments, want a split in two small ones", off+1, len(segs))
+				t.Fatalf("the first reshape, at %d entries, left %d segments, want a split in two small ones", i+1, len(segs))
 			}
 			return
 		}
-		if off == skewed-1 && first.ahead.Load() <= 0 {
+		if i == skewed-1 && first.ahead.Load() <= 0 {
 			t.Fatalf("after %d counted entries (%d by the count), the count's lead is %d", skewed, used(first.count.Load()), first.ahead.Load())
 		}
 	}
@@ -229,7 +230,7 @@ func TestChainTableModel(t *testing.T) {
 }
 
 func testChainTableModel(t *testing.T, reserve int, midway bool) {
-	const runs, perRun = 64, 4096
+	const runs, perRun = 128, maxRunLen
 	rng := rand.New(rand.NewPCG(1, 2))
 	c := newTestChain(runs, perRun, func(id, off int) uint64 {
 		switch id % 3 {
@@ -337,11 +338,7 @@ func checkHomeSlots(t *testing.T, c *testChain, computed bool) {
 // its own block's hash once.
 func TestChainTableSpareHomes(t *testing.T) {
 	const n, fp = 2000, 0xABCDEF1
-	inv := uint64(0x9E3779B97F4A7C15) // the Fibonacci multiplier's inverse mod 2^64, by Newton's method
-	for range 6 {
-		inv *= 2 - 0x9E3779B97F4A7C15*inv
-	}
-	c := newTestChain(1, n, func(_, off int) uint64 { return inv * (fp<<36 | uint64(off)<<24 | 0x5A5A5A) })
+	c := newTestChain(1, n, func(_, off int) uint64 { return fibHash(fp, uint64(off)<<(64-fpBits-segBits)|0x5A5A5) })
 	c.mult = fibMult // the fingerprints chosen
 	keyOf, reads := c.keyOf, 0
 	c.keyOf = func(loc uint64) (uint64, bool) { reads++; return keyOf(loc) }
@@ -380,7 +377,7 @@ func TestChainTableSpareHomes(t *testing.T) {
 // and merges back to one segment when they leave; a reservation past the
 // cap is capped.
 func TestChainTableReserve(t *testing.T) {
-	const runs, perRun = 100, 4096
+	const runs, perRun = 200, maxRunLen
 	const n = runs * perRun
 	c := newTestChain(runs, perRun, func(id, off int) uint64 { return uint64(id)<<40 | uint64(off)*0x9E3779B97F4A7C15>>24 })
 	c.reserve(n)
@@ -450,13 +447,13 @@ func TestChainTableReserve(t *testing.T) {
 // for part of the entries, too, whose reserved segments split and merge
 // under them.
 func TestChainTableConcurrent(t *testing.T) {
-	for _, reserve := range []int{0, 4_000} {
+	for _, reserve := range []int{0, 2_000} {
 		t.Run(fmt.Sprintf("reserve=%d", reserve), func(t *testing.T) { testChainTableConcurrent(t, reserve) })
 	}
 }
 
 func testChainTableConcurrent(t *testing.T, reserve int) {
-	const writers, perRun, shared = 4, maxRunLen, 2_000
+	const writers, perRun, shared = 4, maxRunLen, 1_000
 	c := newTestChain(writers, perRun, func(id, off int) uint64 {
 		if off < shared {
 			return uint64(off) * 0x2545F4914F6CDD1D // every writer's block off has it
@@ -633,7 +630,7 @@ func TestChainTableEncodes(t *testing.T) {
 // which a sample picked by those bits would count all of (an estimate
 // sixteen times the truth, and a rebuild on every insert).
 func TestChainTableCountSample(t *testing.T) {
-	const runs, perRun = 5, 4000
+	const runs, perRun = 10, 2000
 	const n = runs * perRun
 	rng := rand.New(rand.NewPCG(3, 4))
 	known := chainTable{mult: fibMult}
@@ -744,7 +741,7 @@ func TestChainSegProbeOrder(t *testing.T) {
 // else around it: what a claim costs where every one is a cache miss, and
 // what a second core adds to that.
 func BenchmarkChainTableClaims(b *testing.B) {
-	const runs, perRun = 1390, 4096
+	const runs, perRun = 2780, maxRunLen
 	rng := rand.New(rand.NewPCG(1, 2))
 	c := newTestChain(runs, perRun, func(int, int) uint64 { return rng.Uint64() })
 	claims := func(ahead, writers, g int) {
@@ -784,15 +781,15 @@ func BenchmarkChainTableClaims(b *testing.B) {
 	}
 }
 
-// fibInverse is the Fibonacci multiplier's inverse mod 2^64, by Newton's
-// method: inv * (fp<<36 | x) has fingerprint fp in a table multiplying by
-// fibMult.
-func fibInverse() uint64 {
-	inv := uint64(0x9E3779B97F4A7C15)
+// fibHash returns the hash whose product by fibMult is fp's bits over
+// low's (low < 2^(64-fpBits)): its fingerprint is fp in a table
+// multiplying by fibMult, and its spare bits low's top segBits.
+func fibHash(fp, low uint64) uint64 {
+	inv := uint64(fibMult) // fibMult's inverse mod 2^64, by Newton's method
 	for range 6 {
-		inv *= 2 - 0x9E3779B97F4A7C15*inv
+		inv *= 2 - fibMult*inv
 	}
-	return inv
+	return inv * (fp<<(64-fpBits) | low)
 }
 
 // claimAll claims every key of c, within a minute: the locations it
@@ -842,8 +839,7 @@ func checkFinds(t *testing.T, c *testChain, refused map[uint64]bool) {
 // table takes other hashes again.
 func TestChainTableCraftedFingerprint(t *testing.T) {
 	const runs, perRun, fp = 10, 1000, 0xABCDEF1
-	inv := fibInverse()
-	c := newTestChain(runs, perRun, func(id, off int) uint64 { return inv * (fp<<36 | uint64(id*perRun+off)<<20 | 0x5A5A5) })
+	c := newTestChain(runs, perRun, func(id, off int) uint64 { return fibHash(fp, uint64(id*perRun+off)<<20|0x5A5A5) })
 	c.mult = fibMult
 	for c.counted(fp) {
 		// Counted, the estimate would be sixteen times the truth, and the
@@ -877,19 +873,18 @@ func TestChainTableCraftedFingerprint(t *testing.T) {
 
 // Hashes chosen so that every split of the segment holding them parts a
 // thousand from the rest, which share a longer prefix of fingerprint: each
-// split deepened the directory, and doubled it (to 2^28 slots, 2 GiB, with
+// split deepened the directory, and doubled it (to 2^30 slots, 8 GiB, with
 // a thousand entries more a level). The directory stops at its bound, a
 // segment a slot or 2^16 slots: claims past it are refused, and every
 // claim taken is found.
 func TestChainTableCraftedPrefixes(t *testing.T) {
 	const levels, perRun = 16, 4000
-	inv := fibInverse()
 	c := newTestChain(levels+2, perRun, func(id, off int) uint64 {
 		fp := uint64(off) * 2654435761 % segSlots // top 16 bits zero: runs 1 and levels+2
 		if level := id - 2; level >= 0 && level < levels {
 			fp |= 1 << (fpBits - 1 - level) // run id: the prefix's bit id-2 set
 		}
-		return inv * (fp<<36 | uint64(id)<<24 | uint64(off))
+		return fibHash(fp, uint64(id)<<24|uint64(off))
 	})
 	c.mult = fibMult
 	c.keys[1] = c.keys[1][:2000]
@@ -906,15 +901,14 @@ func TestChainTableCraftedPrefixes(t *testing.T) {
 // A random multiplier parts hashes chosen to share a fingerprint under
 // the Fibonacci one as it parts random ones: over 50 tables, 4,096 such
 // hashes share fewer than ten fingerprints in all, where random hashes
-// would share about 1.6 (a random XOR before the Fibonacci multiplier
+// would share about 0.4 (a random XOR before the Fibonacci multiplier
 // left ~60 shared in each table).
 func TestChainTableMultiplier(t *testing.T) {
 	const n, fp, tables = 4096, 0xABCDEF1, 50
-	inv := fibInverse()
 	known := chainTable{mult: fibMult}
 	hs := make([]uint64, n)
 	for i := range hs {
-		hs[i] = inv * (fp<<36 | uint64(i)<<20 | 0x5A5A5)
+		hs[i] = fibHash(fp, uint64(i)<<20|0x5A5A5)
 		if known.fingerprint(hs[i]) != fp {
 			t.Fatalf("hash %d: fingerprint %#x under fibMult", i, known.fingerprint(hs[i]))
 		}
@@ -977,7 +971,7 @@ func TestChainTableAliasChurn(t *testing.T) {
 // split under the claims (a claim seeing its segment frozen claims again
 // in the next: see again).
 func testChainTableAliasChurn(t *testing.T, splits bool) {
-	const aliasers, shared, churners, own, fillRuns, fill = 4, 2, 3, 8, 5, 4_000
+	const aliasers, shared, churners, own, fillRuns, fill = 4, 2, 3, 8, 10, 2_000
 	rounds := 3_000
 	if testing.Short() || raceEnabled {
 		rounds = 600
@@ -1097,7 +1091,7 @@ func clusterChain(others int) (c *testChain, h uint64) {
 // in its segment, however the table splits; the bits above tell them
 // apart.
 func homeHash(k int) uint64 {
-	return fibInverse() * (uint64(k)<<48 | 0x123<<36 | 0xBEEF)
+	return fibHash(uint64(k)<<segBits|0x123, 0xBEEF)
 }
 
 // releaseOthers releases the first n of the others' blocks: tombstones

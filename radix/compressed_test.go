@@ -252,10 +252,9 @@ func TestCompressedTrimPastClaims(t *testing.T) {
 // RemoveWorker answer as the model does throughout.
 func TestCompressedCraftedFingerprints(t *testing.T) {
 	const blocks, per = 4400, 400
-	inv := radix.FibInverse()
 	engine := func(i int) uint64 {
-		fp := uint64(1)<<27 | uint64(i)*2654435761%(1<<27)
-		return inv * (fp<<36 | uint64(i+1)<<8)
+		fp := uint64(1)<<(radix.FPBits-1) | uint64(i)*2654435761%(1<<(radix.FPBits-1))
+		return radix.FibHash(fp, uint64(i+1)<<8)
 	}
 	idx, model := radix.NewCompressedTreeKnownMult(), radixtest.NewModel()
 	apply := func(ev kvevent.RouterEvent) {

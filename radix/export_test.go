@@ -196,7 +196,7 @@ func NewCompressedTreeColliding() *CompressedTree {
 // NewCompressedTreeCramped returns a CompressedTree whose runs end after 3
 // blocks (a path goes on in child runs) and whose engine-hash table takes
 // only the blocks of runs 1 to 3: the blocks of every later run are named
-// by the workers' own names, as past 2^24 runs.
+// by the workers' own names, as past 2^23 runs.
 func NewCompressedTreeCramped() *CompressedTree {
 	t := NewCompressedTree()
 	t.runLimit, t.chain.ids = 3, 4
@@ -205,15 +205,18 @@ func NewCompressedTreeCramped() *CompressedTree {
 
 // NewCompressedTreeKnownMult returns a CompressedTree whose engine-hash
 // table's multiplier is the Fibonacci one, as if an engine knew it:
-// FibInverse() * (fp<<36 | x) then has fingerprint fp.
+// FibHash(fp, x) then has fingerprint fp.
 func NewCompressedTreeKnownMult() *CompressedTree {
 	t := NewCompressedTree()
 	t.chain.mult = fibMult
 	return t
 }
 
-// FibInverse is fibInverse, for the external tests.
-func FibInverse() uint64 { return fibInverse() }
+// FibHash is fibHash, for the external tests.
+func FibHash(fp, low uint64) uint64 { return fibHash(fp, low) }
+
+// FPBits is the bits of a fingerprint.
+const FPBits = fpBits
 
 // ChainDirSlots returns the slots of t's table's directory.
 func ChainDirSlots(t *CompressedTree) int { return len(t.chain.dir.Load().segs) }
