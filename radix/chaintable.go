@@ -28,7 +28,7 @@ import (
 // is rebuilt without them (see maxTombs). So the table never rehashes as a
 // whole, never faults in more than one segment's pages at a time, and a
 // slot costs 8 bytes: the hash itself is not kept. A slot packs a 30-bit
-// fingerprint of the hash with the block's location (23 bits of run id, 11
+// fingerprint of the hash with the block's location (22 bits of run id, 12
 // of offset); a probe compares fingerprints, and only on a match reads the
 // block's engine hash through keyOf. Splits rehash by fingerprint alone:
 // the directory takes the fingerprint's top bits and the home slot its 12
@@ -36,15 +36,16 @@ import (
 // fingerprint's middle bits: 7 of them at 2,048 segments (6M blocks), so a
 // claim reads another block's hash about once in 380 (the trace's store);
 // past 262,144 segments none are left, and probes read more but stay
-// exact. Two of those bits were the location's: at 28 bits of fingerprint
-// (24 of run id, 12 of offset) a claim read another block's hash once in
-// 94, a chain of cache misses each, and the grown fresh store ran 3.8%
-// slower (results/README.md). 2^23 live runs of up to 2,048 blocks are
-// plenty (the trace takes 12,000), and a block past them is named by its
-// workers: exactly, more slowly. A segment reserved
-// up front takes its homes from 12 bits of the hash that the slots do not
-// keep instead, so that its entries of one home share only the directory's
-// bits (see chainSeg.home).
+// exact. Two of those bits were the run id's: at 28 bits of fingerprint
+// (24 of run id) a claim read another block's hash once in 94, a chain of
+// cache misses each, and the grown fresh store ran ~4% slower
+// (results/README.md). 2^22 live runs are plenty (the trace takes 12,000),
+// and a block past them is named by its workers: exactly, more slowly.
+// The offset keeps its 12 bits: runs of 2,048 blocks at most made the
+// trace's runs 4.6% more, each one more step for a lookup. A segment
+// reserved up front takes its homes from 12 bits of the hash that the
+// slots do not keep instead, so that its entries of one home share only
+// the directory's bits (see chainSeg.home).
 //
 // # Hashes chosen against it
 //
@@ -82,7 +83,7 @@ type chainTable struct {
 	// keyOf returns the engine hash block loc is claimed by, or false if
 	// loc is no block (its run gone). It is called on a fingerprint match.
 	keyOf func(loc uint64) (uint64, bool)
-	// ids bounds the run ids a slot takes: 2^23, lower in tests.
+	// ids bounds the run ids a slot takes: 2^22, lower in tests.
 	ids uint64
 	// salt picks the entries a segment's count counts (see chainSeg).
 	salt uint64
@@ -290,8 +291,8 @@ const (
 	// see claim.
 	chainPending = 2
 
-	slotIDBits  = 23
-	slotOffBits = 11
+	slotIDBits  = 22
+	slotOffBits = 12
 	// maxRunLen caps a run's length so that every offset fits a slot: a
 	// store past it continues in a child run.
 	maxRunLen = 1 << slotOffBits
@@ -324,7 +325,7 @@ func (c *chainTable) fingerprint(h uint64) uint64 {
 }
 
 // encode packs a block's location with its hash's fingerprint; false if
-// the location does not fit a slot (its run id is past 2^23: such a block
+// the location does not fit a slot (its run id is past 2^22: such a block
 // is not claimed, and its names are the workers' own).
 func (c *chainTable) encode(fp, loc uint64) (uint64, bool) {
 	id, off := loc>>32, loc&(1<<32-1)

@@ -45,7 +45,7 @@ func loc(id, off int) uint64 { return uint64(id)<<32 | uint64(off) }
 // then only, with the segments it serves then: a grown table's doublings
 // are what a grown tree warms its heap ahead at (warmAhead).
 func TestChainTableDoubled(t *testing.T) {
-	const runs, perRun = 64, maxRunLen
+	const runs, perRun = 32, maxRunLen
 	rng := rand.New(rand.NewPCG(3, 4))
 	c := newTestChain(runs, perRun, func(int, int) uint64 { return rng.Uint64() })
 	var calls []int
@@ -84,7 +84,7 @@ func TestChainTableDoubled(t *testing.T) {
 // grows to full size instead, at its depth, so that it neither splits
 // early nor deepens the directory.
 func TestChainTableGrowth(t *testing.T) {
-	const runs, perRun = 4, maxRunLen
+	const runs, perRun = 2, maxRunLen
 	rng := rand.New(rand.NewPCG(5, 6))
 	c := newTestChain(runs, perRun, func(int, int) uint64 { return rng.Uint64() })
 	fill := func(s *chainSeg, upTo int) {
@@ -230,7 +230,7 @@ func TestChainTableModel(t *testing.T) {
 }
 
 func testChainTableModel(t *testing.T, reserve int, midway bool) {
-	const runs, perRun = 128, maxRunLen
+	const runs, perRun = 64, maxRunLen
 	rng := rand.New(rand.NewPCG(1, 2))
 	c := newTestChain(runs, perRun, func(id, off int) uint64 {
 		switch id % 3 {
@@ -377,7 +377,7 @@ func TestChainTableSpareHomes(t *testing.T) {
 // and merges back to one segment when they leave; a reservation past the
 // cap is capped.
 func TestChainTableReserve(t *testing.T) {
-	const runs, perRun = 200, maxRunLen
+	const runs, perRun = 100, maxRunLen
 	const n = runs * perRun
 	c := newTestChain(runs, perRun, func(id, off int) uint64 { return uint64(id)<<40 | uint64(off)*0x9E3779B97F4A7C15>>24 })
 	c.reserve(n)
@@ -447,13 +447,13 @@ func TestChainTableReserve(t *testing.T) {
 // for part of the entries, too, whose reserved segments split and merge
 // under them.
 func TestChainTableConcurrent(t *testing.T) {
-	for _, reserve := range []int{0, 2_000} {
+	for _, reserve := range []int{0, 4_000} {
 		t.Run(fmt.Sprintf("reserve=%d", reserve), func(t *testing.T) { testChainTableConcurrent(t, reserve) })
 	}
 }
 
 func testChainTableConcurrent(t *testing.T, reserve int) {
-	const writers, perRun, shared = 4, maxRunLen, 1_000
+	const writers, perRun, shared = 4, maxRunLen, 2_000
 	c := newTestChain(writers, perRun, func(id, off int) uint64 {
 		if off < shared {
 			return uint64(off) * 0x2545F4914F6CDD1D // every writer's block off has it
@@ -741,7 +741,7 @@ func TestChainSegProbeOrder(t *testing.T) {
 // else around it: what a claim costs where every one is a cache miss, and
 // what a second core adds to that.
 func BenchmarkChainTableClaims(b *testing.B) {
-	const runs, perRun = 2780, maxRunLen
+	const runs, perRun = 1390, maxRunLen
 	rng := rand.New(rand.NewPCG(1, 2))
 	c := newTestChain(runs, perRun, func(int, int) uint64 { return rng.Uint64() })
 	claims := func(ahead, writers, g int) {

@@ -196,7 +196,7 @@ func NewCompressedTreeColliding() *CompressedTree {
 // NewCompressedTreeCramped returns a CompressedTree whose runs end after 3
 // blocks (a path goes on in child runs) and whose engine-hash table takes
 // only the blocks of runs 1 to 3: the blocks of every later run are named
-// by the workers' own names, as past 2^23 runs.
+// by the workers' own names, as past 2^22 runs.
 func NewCompressedTreeCramped() *CompressedTree {
 	t := NewCompressedTree()
 	t.runLimit, t.chain.ids = 3, 4
