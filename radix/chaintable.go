@@ -34,12 +34,12 @@ import (
 // the directory takes the fingerprint's top bits and the home slot its 12
 // low bits. Two entries of one home in one segment share all but the
 // fingerprint's middle bits: 7 of them at 2,048 segments (6M blocks), so a
-// claim reads another block's hash about once in 380 (the trace's store);
-// past 262,144 segments none are left, and probes read more but stay
-// exact. Two of those bits were the run id's: at 28 bits of fingerprint
-// (24 of run id) a claim read another block's hash once in 94, a chain of
-// cache misses each, and the grown fresh store ran ~4% slower
-// (results/README.md). 2^22 live runs are plenty (the trace takes 12,000),
+// claim reads another block's hash about once in 380 (the trace's store;
+// TestChainTableGrownReads); past 262,144 segments none are left, and
+// probes read more but stay exact. Two of those bits were the run id's:
+// at 28 bits of fingerprint (24 of run id) a claim read another block's
+// hash once in 94, a chain of cache misses each, and the grown fresh store
+// ran ~4% slower (results/README.md). 2^22 live runs are plenty (the trace takes 12,000),
 // and a block past them is named by its workers: exactly, more slowly.
 // The offset keeps its 12 bits: runs of 2,048 blocks at most made the
 // trace's runs 4.6% more, each one more step for a lookup. A segment

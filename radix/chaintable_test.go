@@ -330,6 +330,32 @@ func checkHomeSlots(t *testing.T, c *testChain, computed bool) {
 	}
 }
 
+// A grown table's entries of one home share all of their fingerprint but
+// the bits between the directory's and the home's: claims of random
+// hashes, 500,000 of them (256 segments), read another block's hash
+// (keyOf) about once in 4,500 claims at 30 bits of fingerprint, once in
+// 1,000 at 28. More than once in 2,000 fails.
+func TestChainTableGrownReads(t *testing.T) {
+	const runs, perRun = 125, 4_000
+	rng := rand.New(rand.NewPCG(7, 8))
+	c := newTestChain(runs, perRun, func(int, int) uint64 { return rng.Uint64() })
+	keyOf, reads := c.keyOf, 0
+	c.keyOf = func(loc uint64) (uint64, bool) { reads++; return keyOf(loc) }
+	for id := 1; id <= runs; id++ {
+		for off, h := range c.keys[id] {
+			if !c.claim(h, loc(id, off)) {
+				t.Fatalf("claim %d/%d refused", id, off)
+			}
+		}
+	}
+	if d := c.dir.Load(); d.slab != nil || d.depth < 7 {
+		t.Fatalf("directory depth %d, reserved %v: want a grown table of 128 segments or more", d.depth, d.slab != nil)
+	}
+	if n := runs * perRun; reads > n/2_000 {
+		t.Fatalf("%d claims read %d other blocks' hashes, want at most one in 2,000", n, reads)
+	}
+}
+
 // A reserved segment spreads hashes of one fingerprint over their spare
 // bits: 2,000 of them, claimed into a table reserved for them, each find
 // its home empty, so that no claim reads a block's hash (keyOf), where a
