@@ -39,13 +39,13 @@ import (
 // probes read more but stay exact. Two of those bits were the run id's:
 // at 28 bits of fingerprint (24 of run id) a claim read another block's
 // hash once in 94, a chain of cache misses each, and the grown fresh store
-// ran ~4% slower (results/README.md). 2^22 live runs are plenty (the trace takes 12,000),
-// and a block past them is named by its workers: exactly, more slowly.
-// The offset keeps its 12 bits: runs of 2,048 blocks at most made the
-// trace's runs 4.6% more, each one more step for a lookup. A segment
-// reserved up front takes its homes from 12 bits of the hash that the
-// slots do not keep instead, so that its entries of one home share only
-// the directory's bits (see chainSeg.home).
+// ran ~4% slower (results/README.md). 2^22 live runs are plenty (the
+// trace takes 12,000), and a block past them is named by its workers:
+// exactly, more slowly. The offset keeps its 12 bits: runs of 2,048
+// blocks at most made the trace's runs 4.6% more, each one more step for
+// a lookup. A segment reserved up front takes its homes from 12 bits of
+// the hash that the slots do not keep instead, so that its entries of one
+// home share only the directory's bits (see chainSeg.home).
 //
 // # Hashes chosen against it
 //
@@ -209,9 +209,10 @@ func newSeg(depth uint8, slots int) *chainSeg {
 // low 12 bits, scaled to its length: two entries of one home there share
 // all of their fingerprint but its middle bits (7 at 2,048 segments), and
 // a probe reads another block's engine hash through keyOf about once in
-// 380 claims, a chain of cache misses each (at 5 bits, once in 94: 7% of
-// the CPU of the field's corpus's events, profiled). In a reserved segment they share only its
-// directory bits, so a claim nearly never reads one (results/README.md).
+// 380 claims, a chain of cache misses each (at 5 bits, once in 94, and 7%
+// of the CPU of the field's corpus's events, profiled). In a reserved
+// segment they share only its directory bits, so a claim nearly never
+// reads one (results/README.md).
 func (s *chainSeg) home(fp, spare uint64) int {
 	if s.spare {
 		return int(spare)
