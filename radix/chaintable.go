@@ -666,8 +666,9 @@ func (c *chainTable) claim(h, loc uint64) bool {
 	}
 	for wrote := false; ; {
 		s := c.segment(fp)
+		home := s.home(fp, spare)
 		got, empty, passed, found := c.probe(s, h, fp, spare)
-		tomb := s.reusable(s.home(fp, spare), passed)
+		tomb := s.reusable(home, passed)
 		if c.hook != nil {
 			c.hook(loc, claimProbed)
 		}
@@ -684,7 +685,7 @@ func (c *chainTable) claim(h, loc uint64) bool {
 			if !c.grow(s) {
 				return false
 			}
-		case passed >= maxTombs && s.tombstoned(s.home(fp, spare), passed) && c.purge(s):
+		case passed >= maxTombs && s.tombstoned(home, passed) && c.purge(s):
 			// s is being rebuilt without its tombstones: claim there.
 		case tomb >= 0:
 			step = c.claimTomb(s, h, fp, spare, v, tomb)
