@@ -153,7 +153,8 @@ func appendSnapEvent(b []byte, ev kvevent.RouterEvent) []byte {
 
 var errShortSnapshot = errors.New("truncated event")
 
-// readSnapEvent decodes one event of a snapshot; it never reads past b.
+// readSnapEvent decodes one event of a snapshot; it never reads past b,
+// and takes each event in the one encoding appendSnapEvent writes.
 func readSnapEvent(b []byte) (kvevent.RouterEvent, []byte, error) {
 	var ev kvevent.RouterEvent
 	if len(b) < 13 {
@@ -171,6 +172,9 @@ func readSnapEvent(b []byte) (kvevent.RouterEvent, []byte, error) {
 	case 1:
 		if len(b) < 13 {
 			return ev, nil, errShortSnapshot
+		}
+		if b[0] > 1 {
+			return ev, nil, fmt.Errorf("has-parent byte %d, not 0 or 1", b[0])
 		}
 		d := kvevent.Stored{HasParent: b[0] == 1, ParentHash: binary.BigEndian.Uint64(b[1:])}
 		n := binary.BigEndian.Uint32(b[9:])
