@@ -30,8 +30,10 @@ func (c BuildConfig) Validate() error {
 	switch {
 	case c.Workers < 1:
 		return fmt.Errorf("-workers %d, want >= 1", c.Workers)
-	case c.Dup < 1:
-		return fmt.Errorf("-dup %d, want >= 1", c.Dup)
+	case c.Dup < 1 || c.Dup > MaxDup:
+		return fmt.Errorf("-dup %d, want in [1, %d]", c.Dup, MaxDup)
+	case c.Workers > MaxLogicalWorkers/c.Dup:
+		return fmt.Errorf("-workers %d x -dup %d, want at most %d workers in all", c.Workers, c.Dup, MaxLogicalWorkers)
 	case c.LengthFactor < 1 || c.LengthFactor > 64:
 		return fmt.Errorf("-length-factor %d, want in [1, 64]", c.LengthFactor)
 	case c.TraceBlockSize < 1 || c.TraceBlockSize > 1<<16:
@@ -39,6 +41,15 @@ func (c BuildConfig) Validate() error {
 	}
 	return nil
 }
+
+// Bounds of a corpus Build makes: its workers after duplication, as many
+// as a router takes, and its block operations, about 16 bytes each in
+// memory (the standard corpus has 320M).
+const (
+	MaxDup            = 1024
+	MaxLogicalWorkers = 1 << 24
+	MaxBlockOps       = 1 << 30
+)
 
 // Build stretches the requests, runs them through the mock engines (package
 // replay), makes the copies, normalises each worker's timeline to start at
@@ -59,6 +70,9 @@ func Build(reqs []trace.Request, cfg BuildConfig, window time.Duration) (*Corpus
 	src, err := replay.Workload(stretched, rc)
 	if err != nil {
 		return nil, err
+	}
+	if n := blockOps(src); n > MaxBlockOps/uint64(cfg.Dup) {
+		return nil, fmt.Errorf("-dup %d copies of %d block ops (-length-factor %d), want at most %d in all", cfg.Dup, n, cfg.LengthFactor, MaxBlockOps)
 	}
 	src = duplicate(src, cfg.Dup, cfg.Workers)
 	c := &Corpus{Header: Header{BlockSize: uint32(cfg.BlockSize), ReferenceWindow: window, TraceDuplication: uint64(cfg.Dup),
@@ -123,6 +137,15 @@ func (c *Corpus) Rescaled(w time.Duration) *Corpus {
 		out.Ops[i].Deadline = time.Duration(float64(c.Ops[i].Deadline) * float64(w) / float64(c.ReferenceWindow))
 	}
 	return &out
+}
+
+// blockOps is the block operations of ops.
+func blockOps(ops []replay.Op) uint64 {
+	n := uint64(0)
+	for i := range ops {
+		n += uint64(ops[i].Blocks())
+	}
+	return n
 }
 
 // duplicate appends d-1 copies of ops in disjoint worker and hash spaces.

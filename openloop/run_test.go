@@ -105,7 +105,8 @@ func TestCorpusConstruction(t *testing.T) {
 		t.Fatal("rescaling")
 	}
 	for _, bad := range []BuildConfig{{Workers: 0, Dup: 1, LengthFactor: 1, TraceBlockSize: 512}, {Workers: 1, Dup: 0, LengthFactor: 1, TraceBlockSize: 512},
-		{Workers: 1, Dup: 1, LengthFactor: 0, TraceBlockSize: 512}, {Workers: 1, Dup: 1, LengthFactor: 1, TraceBlockSize: 0}} {
+		{Workers: 1, Dup: 1, LengthFactor: 0, TraceBlockSize: 512}, {Workers: 1, Dup: 1, LengthFactor: 1, TraceBlockSize: 0},
+		{Workers: 1, Dup: MaxDup + 1, LengthFactor: 1, TraceBlockSize: 512}, {Workers: MaxLogicalWorkers/4 + 1, Dup: 4, LengthFactor: 1, TraceBlockSize: 512}} {
 		if bad.Validate() == nil {
 			t.Errorf("%+v accepted", bad)
 		}

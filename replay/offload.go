@@ -37,8 +37,11 @@ type hostTier struct {
 	removed []uint64
 }
 
+// newHostTier returns a host tier of blocks blocks. Its map grows as the
+// tier fills, from room for a few thousand: a tier of 1,024 times an
+// engine's pool (Config.Offload's bound) is made in no time and memory.
 func newHostTier(blocks int) *hostTier {
-	h := &hostTier{cap: blocks, blocks: make(map[uint64]*hblock, blocks)}
+	h := &hostTier{cap: blocks, blocks: make(map[uint64]*hblock, min(blocks, 1<<12))}
 	h.lru.prev, h.lru.next = &h.lru, &h.lru
 	return h
 }

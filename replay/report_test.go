@@ -171,6 +171,12 @@ func TestQueueThreshold(t *testing.T) {
 		func(c *Config) { c.QueueThreshold = -1 },
 		func(c *Config) { c.OverlapWeight = math.Inf(1) },
 		func(c *Config) { c.Temperature = math.NaN() },
+		// what a mistyped flag asks for, refused before anything is made
+		func(c *Config) { c.Blocks = MaxBlocks + 1 },
+		func(c *Config) { c.Workers = MaxTotalBlocks/c.Blocks + 1 },
+		func(c *Config) { c.Workers, c.DPSize = math.MaxInt, 2 },
+		func(c *Config) { c.IndexerLanes = 1 << 40 },
+		func(c *Config) { c.BlockSize = MaxBlockSize + 1 },
 	} {
 		c := DefaultConfig()
 		bad(&c)

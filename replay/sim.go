@@ -16,6 +16,7 @@ import (
 	"github.com/kvradix/kvradix/internal/stats"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/router"
+	"github.com/kvradix/kvradix/shardpool"
 	"github.com/kvradix/kvradix/trace"
 )
 
@@ -90,10 +91,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("replay: workers %d, want >= 1", c.Workers)
 	case c.DPSize < 1 || c.DPSize > router.MaxDPSize:
 		return fmt.Errorf("replay: dp size %d, want in [1, %d]", c.DPSize, router.MaxDPSize)
-	case c.Blocks < 1:
-		return fmt.Errorf("replay: blocks %d, want >= 1", c.Blocks)
-	case c.BlockSize < 1:
-		return fmt.Errorf("replay: block size %d, want >= 1", c.BlockSize)
+	case c.Blocks < 1 || c.Blocks > MaxBlocks:
+		return fmt.Errorf("replay: blocks %d, want in [1, %d]", c.Blocks, MaxBlocks)
+	case c.Workers > MaxTotalBlocks/(c.DPSize*c.Blocks):
+		return fmt.Errorf("replay: %d workers x %d ranks of %d blocks each, want at most %d blocks in all", c.Workers, c.DPSize, c.Blocks, MaxTotalBlocks)
+	case c.BlockSize < 1 || c.BlockSize > MaxBlockSize:
+		return fmt.Errorf("replay: block size %d, want in [1, %d]", c.BlockSize, MaxBlockSize)
 	case c.TraceBlockSize < 1:
 		return fmt.Errorf("replay: trace block size %d, want >= 1", c.TraceBlockSize)
 	case c.MaxBatchedTokens < 1:
@@ -108,8 +111,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("replay: overlap weight %v, want finite and >= 0", c.OverlapWeight)
 	case !(c.QueueThreshold >= 0) || math.IsInf(c.QueueThreshold, 1):
 		return fmt.Errorf("replay: queue threshold %v, want finite and >= 0", c.QueueThreshold)
-	case c.IndexerLanes < 1:
-		return fmt.Errorf("replay: indexer lanes %d, want >= 1", c.IndexerLanes)
+	case c.IndexerLanes < 1 || c.IndexerLanes > shardpool.MaxLanes:
+		return fmt.Errorf("replay: indexer lanes %d, want in [1, %d]", c.IndexerLanes, shardpool.MaxLanes)
 	case !(c.Offload >= 0) || c.Offload > 1024:
 		return fmt.Errorf("replay: offload %v, want in [0, 1024]", c.Offload)
 	case !(c.ApproxCapacity > 0) || c.ApproxCapacity > 1024:
@@ -127,8 +130,16 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// MaxReplicas bounds Config.Replicas.
-const MaxReplicas = 64
+// Bounds of Config's fields. A mock engine's cache index is sized for its
+// blocks when the engine is made (about 32 bytes a block), so the engines'
+// blocks in all are bounded too: 2^27 of them take about 4 GiB before the
+// replay starts.
+const (
+	MaxReplicas    = 64
+	MaxBlocks      = 1 << 24 // an engine's KV pool, in blocks: past any GPU's
+	MaxTotalBlocks = 1 << 27 // the engines' pools summed
+	MaxBlockSize   = 1 << 16 // tokens a block
+)
 
 // engines is the number of mock engines: one per (worker, rank).
 func (c Config) engines() int { return c.Workers * c.DPSize }

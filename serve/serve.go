@@ -129,7 +129,7 @@ type Config struct {
 // Bounds of Config's fields: New floors or caps a field past them (a
 // zero field takes its default), and the command refuses such a flag.
 const (
-	MaxLanes = 256
+	MaxLanes = shardpool.MaxLanes
 	// MaxIndexBlocks bounds Config.IndexBlocks: 2^26 blocks, past which
 	// the sizing's caps hold anyway.
 	MaxIndexBlocks = 1 << 26

@@ -51,13 +51,14 @@ func (i Impl) String() string {
 	return fmt.Sprintf("impl=%s/lanes=%d", i.Name, i.Lanes)
 }
 
-// ParseLanes reads a comma-separated list of lane counts (each >= 1).
+// ParseLanes reads a comma-separated list of lane counts (each 1 to
+// MaxLanes).
 func ParseLanes(lanes string) ([]int, error) {
 	var ls []int
 	for _, f := range strings.Split(lanes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("%q is not a lane count >= 1", f)
+		if err != nil || n < 1 || n > MaxLanes {
+			return nil, fmt.Errorf("%q is not a lane count from 1 to %d", f, MaxLanes)
 		}
 		ls = append(ls, n)
 	}

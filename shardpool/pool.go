@@ -50,16 +50,22 @@ type laneState struct {
 	_       [64 - 24]byte
 }
 
-// NewPool starts a pool of lanes goroutines (at least 1) for the block size
-// over a radix.CompressedTree, the faster index (results/README.md).
+// MaxLanes bounds a pool's lanes: each is a goroutine with a queue of
+// QueueSize batches, and past the cores of any machine more lanes only
+// add queues.
+const MaxLanes = 256
+
+// NewPool starts a pool of lanes goroutines (1 to MaxLanes) for the block
+// size over a radix.CompressedTree, the faster index (results/README.md).
 func NewPool(lanes, blockSize int) *Pool {
 	return NewPoolOver(lanes, blockSize, radix.NewCompressedTree())
 }
 
-// NewPoolOver starts a pool of lanes goroutines (at least 1) for the block
-// size over idx, which it owns from then on.
+// NewPoolOver starts a pool of lanes goroutines (lanes floored at 1 and
+// capped at MaxLanes) for the block size over idx, which it owns from then
+// on.
 func NewPoolOver(lanes, blockSize int, idx radix.ConcurrentIndex) *Pool {
-	lanes = max(lanes, 1)
+	lanes = min(max(lanes, 1), MaxLanes)
 	p := &Pool{
 		h:     newHasher(blockSize),
 		tree:  idx,

@@ -2,6 +2,7 @@ package shardpool_test
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"math/rand/v2"
 	"strings"
@@ -382,8 +383,17 @@ func TestParseImpls(t *testing.T) {
 	if _, err := shardpool.ParseImpls("single,btree", []int{1}); err == nil || !strings.Contains(err.Error(), "btree") {
 		t.Fatalf("unknown name: %v", err)
 	}
-	if _, err := shardpool.ParseLanes("2,0"); err == nil {
-		t.Fatal("lane count 0 accepted")
+	for n, want := range map[int]int{-1: 1, 0: 1, 3: 3, shardpool.MaxLanes + 1: shardpool.MaxLanes, 1 << 40: shardpool.MaxLanes} {
+		p := shardpool.NewPool(n, 4)
+		if got := p.Lanes(); got != want {
+			t.Errorf("NewPool(%d): %d lanes, want %d", n, got, want)
+		}
+		check(t, p.Close())
+	}
+	for _, bad := range []string{"2,0", "99999999999", fmt.Sprint(shardpool.MaxLanes + 1)} {
+		if _, err := shardpool.ParseLanes(bad); err == nil {
+			t.Fatalf("lane counts %s accepted", bad)
+		}
 	}
 	defer func() {
 		if recover() == nil {
