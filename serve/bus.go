@@ -44,6 +44,28 @@ type BusConfig struct {
 	MaxBytes int64
 }
 
+// defaults fills bc's zero intervals.
+func (bc *BusConfig) defaults() {
+	if bc.SnapshotEvery <= 0 {
+		bc.SnapshotEvery = time.Minute
+	}
+	if bc.Discover <= 0 {
+		bc.Discover = time.Second
+	}
+}
+
+// Validate reports the stream bounds NewOnBus refuses, without reaching
+// the bus: a negative MaxAge or MaxBytes, or a MaxAge shorter than
+// MinStreamAge snapshot intervals.
+func (bc BusConfig) Validate() error {
+	bc.defaults()
+	if bc.MaxAge < 0 || bc.MaxBytes < 0 || (bc.MaxAge > 0 && bc.MaxAge < MinStreamAge*bc.SnapshotEvery) {
+		return fmt.Errorf("serve: bus: streams kept %v and %d bytes: want each 0 (no bound) or more, the age at least %d snapshot intervals (%v)",
+			bc.MaxAge, bc.MaxBytes, MinStreamAge, MinStreamAge*bc.SnapshotEvery)
+	}
+	return nil
+}
+
 // MinStreamAge is how many snapshot intervals a bounded stream keeps at
 // least (BusConfig.MaxAge).
 const MinStreamAge = 10
@@ -70,16 +92,10 @@ type bus struct {
 // at cfg.URL (see above), serving at once the models other replicas
 // have registered engines of.
 func NewOnBus(cfg Config, bc BusConfig) (*Service, error) {
-	if bc.SnapshotEvery <= 0 {
-		bc.SnapshotEvery = time.Minute
+	if err := bc.Validate(); err != nil {
+		return nil, err
 	}
-	if bc.Discover <= 0 {
-		bc.Discover = time.Second
-	}
-	if bc.MaxAge < 0 || bc.MaxBytes < 0 || (bc.MaxAge > 0 && bc.MaxAge < MinStreamAge*bc.SnapshotEvery) {
-		return nil, fmt.Errorf("serve: bus: streams kept %v and %d bytes: want each 0 (no bound) or more, the age at least %d snapshot intervals (%v)",
-			bc.MaxAge, bc.MaxBytes, MinStreamAge, MinStreamAge*bc.SnapshotEvery)
-	}
+	bc.defaults()
 	dir, err := cluster.OpenDirectory(bc.URL, bc.Auth)
 	if err != nil {
 		return nil, fmt.Errorf("serve: bus: %w", err)

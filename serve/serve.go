@@ -70,7 +70,7 @@ import (
 // Config configures a Service.
 type Config struct {
 	Lanes        int   // lanes of each model's index (2; at most MaxLanes)
-	MaxBodyBytes int64 // the largest request body (8 MiB; at least MinBodyBytes)
+	MaxBodyBytes int64 // the largest request body (8 MiB; MinBodyBytes to MaxBodyCap)
 	MaxTokens    int   // the most token ids or block hashes a query may carry (1M)
 	// RequestTTL is how long a routed request counts in its instance's
 	// load without being completed (10 min): a client that crashed cannot
@@ -134,8 +134,12 @@ const (
 	// the sizing's caps hold anyway.
 	MaxIndexBlocks = 1 << 26
 	MinBodyBytes   = 4 << 10
-	MinRequestTTL  = time.Second
-	MinSaveEvery   = 10 * time.Millisecond
+	// MaxBodyCap bounds Config.MaxBodyBytes: 1 GiB, past a query of
+	// MaxTokens hashes many times over, and what one request may make the
+	// service buffer.
+	MaxBodyCap    = 1 << 30
+	MinRequestTTL = time.Second
+	MinSaveEvery  = 10 * time.Millisecond
 )
 
 func (c *Config) defaults() {
@@ -147,7 +151,7 @@ func (c *Config) defaults() {
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = 8 << 20
 	}
-	c.MaxBodyBytes = max(c.MaxBodyBytes, MinBodyBytes)
+	c.MaxBodyBytes = min(max(c.MaxBodyBytes, MinBodyBytes), MaxBodyCap)
 	if c.MaxTokens <= 0 {
 		c.MaxTokens = 1 << 20
 	}

@@ -89,7 +89,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	}{
 		{*lanes >= 1 && *lanes <= serve.MaxLanes, "lanes", *lanes, fmt.Sprintf("1 to %d", serve.MaxLanes)},
 		{*indexBlocks >= 0 && *indexBlocks <= serve.MaxIndexBlocks, "index-blocks", *indexBlocks, fmt.Sprintf("0 (grow as it fills) to %d", serve.MaxIndexBlocks)},
-		{*maxBody >= serve.MinBodyBytes, "max-body", *maxBody, fmt.Sprintf("at least %d", serve.MinBodyBytes)},
+		{*maxBody >= serve.MinBodyBytes && *maxBody <= serve.MaxBodyCap, "max-body", *maxBody, fmt.Sprintf("%d to %d", serve.MinBodyBytes, serve.MaxBodyCap)},
 		{*ttl >= serve.MinRequestTTL, "ttl", *ttl, fmt.Sprintf("at least %v", serve.MinRequestTTL)},
 		{*saveEvery == 0 || *saveEvery >= serve.MinSaveEvery, "save-every", *saveEvery, fmt.Sprintf("0 (on shutdown only) or at least %v", serve.MinSaveEvery)},
 		{*blockSize >= 1 && *blockSize <= serve.MaxBlockSize, "block-size", *blockSize, fmt.Sprintf("1 to %d", serve.MaxBlockSize)},
@@ -100,6 +100,10 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 		if !c.ok {
 			return fmt.Errorf("-%s %v: want %s", c.flag, c.v, c.want)
 		}
+	}
+	bc := serve.BusConfig{URL: *natsURL, MaxAge: *natsMaxAge, MaxBytes: *natsMaxBytes}
+	if err := checkBusFlags(fs, bc); err != nil {
+		return err
 	}
 	for _, p := range splitList(*peers) {
 		if err := serve.CheckPeer(p); err != nil {
@@ -113,11 +117,10 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	cfg := serve.Config{Lanes: *lanes, IndexBlocks: *indexBlocks, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl,
 		SaveEvery: *saveEvery, Tiers: *tiers, Peers: splitList(*peers), EventsStaleAfter: *stale, PredictTTL: *predictTTL, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
 	cfg.Subscriber.OnLoss = newLossLog(stderr, time.Second).log
-	auth, err := natsAuth(*natsCreds, *natsTokenFile, os.Getenv(natsTokenEnv))
-	if err != nil {
+	if bc.Auth, err = natsAuth(*natsCreds, *natsTokenFile, os.Getenv(natsTokenEnv)); err != nil {
 		return err
 	}
-	svc, stopBus, err := open(cfg, serve.BusConfig{URL: *natsURL, Auth: auth, MaxAge: *natsMaxAge, MaxBytes: *natsMaxBytes}, stdout)
+	svc, stopBus, err := open(cfg, bc, stdout)
 	if err != nil {
 		return err
 	}
@@ -179,6 +182,27 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 // natsTokenEnv is the environment variable -nats's token may come in.
 const natsTokenEnv = "KVRADIX_NATS_TOKEN"
 
+// checkBusFlags refuses, before anything starts, -nats-* flags without
+// -nats (which would go unheard) and stream bounds the bus would refuse.
+func checkBusFlags(fs *flag.FlagSet, bc serve.BusConfig) error {
+	if bc.URL != "" {
+		if err := bc.Validate(); err != nil {
+			return fmt.Errorf("-nats-max-age %v, -nats-max-bytes %d: %w", bc.MaxAge, bc.MaxBytes, err)
+		}
+		return nil
+	}
+	var set []string
+	fs.Visit(func(f *flag.Flag) {
+		if strings.HasPrefix(f.Name, "nats-") {
+			set = append(set, "-"+f.Name)
+		}
+	})
+	if len(set) > 0 {
+		return fmt.Errorf("%s without -nats", strings.Join(set, ", "))
+	}
+	return nil
+}
+
 // natsAuth returns the bus credentials: a .creds file, or a token from a
 // file or the environment (never from argv, which any local user sees).
 func natsAuth(creds, tokenFile, tokenEnv string) (cluster.Auth, error) {
@@ -195,26 +219,31 @@ func natsAuth(creds, tokenFile, tokenEnv string) (cluster.Auth, error) {
 
 // open returns the service: on its own, or following the bus at bc.URL
 // ("embedded": a server started here, stopped by the returned func after
-// the service closes). No error or line it prints carries the bus's
-// token.
+// the service closes, its temporary directory, where -state gives none,
+// removed then). No error or line it prints carries the bus's token.
 func open(cfg serve.Config, bc serve.BusConfig, stdout io.Writer) (*serve.Service, func(), error) {
 	if bc.URL == "" {
 		return serve.New(cfg), func() {}, nil
 	}
 	stop := func() {}
 	if bc.URL == "embedded" {
-		dir := filepath.Join(cfg.StateDir, "nats")
+		dir, removeDir := filepath.Join(cfg.StateDir, "nats"), func() {}
 		if cfg.StateDir == "" {
 			var err error
 			if dir, err = os.MkdirTemp("", "kvradix-nats-"); err != nil {
 				return nil, nil, fmt.Errorf("-nats: %w", err)
 			}
+			removeDir = func() { _ = os.RemoveAll(dir) }
 		}
 		srv, err := cluster.StartEmbedded(dir)
 		if err != nil {
+			removeDir()
 			return nil, nil, fmt.Errorf("-nats: %w", err)
 		}
-		stop = srv.Shutdown
+		stop = func() {
+			srv.Shutdown()
+			removeDir()
+		}
 		bc.URL = srv.URL()
 		fmt.Fprintf(stdout, "kvradix: NATS bus on 127.0.0.1:%d; other replicas: -nats nats://127.0.0.1:%d -nats-token-file %s\n",
 			srv.Port(), srv.Port(), filepath.Join(dir, "auth-token"))

@@ -174,10 +174,32 @@ func TestServeOnEmbeddedNATS(t *testing.T) {
 	testwait.For(t, "the restarted service to serve the block from the bus", func() bool { return held(base, false) })
 }
 
+// With -nats embedded and no -state, the server's temporary directory
+// goes when the service stops.
+func TestEmbeddedNATSLeavesNoDirectory(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	_, stop := startServe(t, "-nats", "embedded")
+	if dirs, _ := filepath.Glob(filepath.Join(tmp, "kvradix-nats-*")); len(dirs) != 1 {
+		t.Fatalf("the embedded server's directories: %v, want one", dirs)
+	}
+	stop()
+	if left, _ := os.ReadDir(tmp); len(left) > 0 {
+		t.Fatalf("%s left behind", left[0].Name())
+	}
+}
+
 // Bad flags are refused before anything starts, each naming the flag:
 // none is taken silently as its default, none panics (-ttl 1ns did), none
 // runs the service in a loop (-save-every 1ns saved 1,500 times a second).
 func TestServeBadFlags(t *testing.T) {
+	tmp := t.TempDir() // where an embedded NATS server would make its directory
+	t.Setenv("TMPDIR", tmp)
+	defer func() {
+		if left, _ := os.ReadDir(tmp); len(left) > 0 {
+			t.Errorf("a refused flag left %s behind: something started", left[0].Name())
+		}
+	}()
 	for _, tc := range []struct {
 		args []string
 		says string
@@ -196,13 +218,20 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "-index-blocks", "-1"}, "-index-blocks"},
 		{[]string{"serve", "-index-blocks", "100000000"}, "-index-blocks"},
 		{[]string{"serve", "-max-body", "-1"}, "-max-body"},
+		{[]string{"serve", "-max-body", "99999999999"}, "-max-body"},
+		{[]string{"serve", "-nats-max-age", "1h"}, "-nats-max-age without -nats"},
+		{[]string{"serve", "-nats-creds", "/x.creds", "-nats-max-bytes", "9"}, "-nats-creds, -nats-max-bytes without -nats"},
+		{[]string{"serve", "-nats", "embedded", "-nats-max-age", "1s"}, "-nats-max-age 1s"},
+		{[]string{"serve", "-nats", "embedded", "-nats-max-bytes", "-1"}, "-nats-max-bytes -1"},
 		{[]string{"serve", "-block-size", "0"}, "-block-size"},
 		{[]string{"serve", "-peers", "http://a:1,ftp://b"}, "-peers"},
 		{[]string{"serve", "-block-size", "4294967312"}, "-block-size"},
 		{[]string{"serve", "-nats-token-file", "/nonexistent/token", "-nats", "nats://127.0.0.1:1"}, "-nats-token-file"},
 		{[]string{"serve", "-ttl", "1ns", "-tiers", "false"}, `unexpected argument "false"`}, // before the flags it cut off
 	} {
-		err := run(tc.args, io.Discard, io.Discard, nil)
+		stop := make(chan os.Signal, 1)
+		stop <- syscall.SIGTERM // a flag taken by mistake: the service starts and stops at once
+		err := run(tc.args, io.Discard, io.Discard, stop)
 		if err == nil || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("%v: %v, want an error naming %s", tc.args, err, tc.says)
 		}
