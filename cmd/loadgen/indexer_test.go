@@ -116,6 +116,22 @@ func TestIndexerBadFlags(t *testing.T) {
 		{[]string{"replay", "-speedup", "Inf"}, "speedup"},
 		{[]string{"router", "-inflight", "0"}, "-inflight"},
 		{[]string{"router", "-inflight", "8", "-clients", "16"}, "-inflight"},
+		// each of these crashed loadgen, out of memory or in makeslice
+		{[]string{"indexer", "-blocks", "99999999999"}, "blocks"},
+		{[]string{"indexer", "-workers", "99999999999"}, "-workers"},
+		{[]string{"indexer", "-dup", "99999999999"}, "-dup"},
+		{[]string{"indexer", "-lanes", "99999999999"}, "-lanes"},
+		{[]string{"memory", "-dup", "99999999999"}, "-dup"},
+		{[]string{"replay", "-blocks", "99999999999"}, "blocks"},
+		{[]string{"replay", "-lanes", "99999999999"}, "lanes"},
+		{[]string{"cluster", "-blocks", "99999999999"}, "blocks"},
+		{[]string{"ingest", "-batch", "99999999999"}, "-batch"},
+		{[]string{"ingest", "-events", "99999999999"}, "-events"},
+		{[]string{"ingest", "-lanes", "99999999999"}, "-lanes"},
+		{[]string{"serve", "-clients", "99999999999"}, "-clients"},
+		{[]string{"serve", "-engines", "99999999999"}, "-engines"},
+		{[]string{"serve", "-stretch", "99999999999"}, "-stretch"},
+		{[]string{"serve", "-engine-blocks", "99999999999"}, "-engine-blocks"},
 	} {
 		_, _, err := runArgs(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.msg) || strings.Contains(err.Error(), "\n") {

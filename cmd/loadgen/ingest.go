@@ -19,6 +19,7 @@ import (
 	"github.com/kvradix/kvradix/internal/rss"
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix/holdings"
+	"github.com/kvradix/kvradix/serve"
 	"github.com/kvradix/kvradix/shardpool"
 )
 
@@ -90,12 +91,21 @@ func (c *ingestConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.memprofile, "memprofile", "", "write a heap profile to `file` when the engines are done")
 }
 
+// maxIngestTokens bounds the tokens of the events loadgen ingest encodes
+// before it starts (1-3 bytes each): 2^31.
+const maxIngestTokens = 1 << 31
+
 func (c *ingestConfig) validate() error {
 	switch {
 	case c.memLimit < -1:
 		return fmt.Errorf("-memlimit must be >= -1")
 	case c.engines < 1 || c.events < 1 || c.perBatch < 1 || c.blocks < 1 || c.blockSize < 1 || c.lanes < 1:
 		return fmt.Errorf("-engines, -events, -batch, -blocks-per-event, -block-size and -lanes must be >= 1")
+	case c.engines > maxEngines || c.lanes > shardpool.MaxLanes || c.blockSize > serve.MaxBlockSize || c.perBatch > c.events:
+		return fmt.Errorf("-engines %d, -lanes %d, -block-size %d, -batch %d: want at most %d, %d, %d and -events (%d)",
+			c.engines, c.lanes, c.blockSize, c.perBatch, maxEngines, shardpool.MaxLanes, serve.MaxBlockSize, c.events)
+	case c.events > maxIngestTokens/c.blocks/c.blockSize:
+		return fmt.Errorf("-events %d of -blocks-per-event %d of -block-size %d tokens: want at most %d tokens in all", c.events, c.blocks, c.blockSize, maxIngestTokens)
 	case c.drop < 0 || c.drop >= 1 || c.removes < 0 || c.removes >= 1:
 		return fmt.Errorf("-drop and -remove-ratio must be in [0, 1)")
 	}

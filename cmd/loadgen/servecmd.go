@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -74,6 +73,14 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	c.out.register(fs)
 }
 
+// Bounds of loadgen serve's flags: past them the trace's prompts, the
+// publishers or the clients would take more memory than a run can have.
+const (
+	maxEngines = 1024
+	maxClients = 4096
+	maxStretch = 64
+)
+
 // runServe drives the service as its users would: engines serving the
 // trace's requests in turn publish their KV events over ZeroMQ into it,
 // while HTTP clients query the trace's prompts at an offered rate; at the
@@ -86,8 +93,12 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 		return err
 	}
 	switch {
-	case c.engines < 1 || c.clients < 1 || c.stretch < 1 || c.capacity < 1:
-		return errors.New("-engines, -clients, -stretch and -engine-blocks want >= 1")
+	case c.engines < 1 || c.engines > maxEngines || c.clients < 1 || c.clients > maxClients:
+		return fmt.Errorf("-engines %d, -clients %d: want in [1, %d] and [1, %d]", c.engines, c.clients, maxEngines, maxClients)
+	case c.stretch < 1 || c.stretch > maxStretch:
+		return fmt.Errorf("-stretch %d, want in [1, %d]", c.stretch, maxStretch)
+	case c.capacity < 1 || c.capacity > serve.MaxKVBlocks:
+		return fmt.Errorf("-engine-blocks %d, want in [1, %d]", c.capacity, serve.MaxKVBlocks)
 	case c.blockLen < 1 || c.blockLen > trace.TraceBlockSize:
 		return fmt.Errorf("-block-size %d, want in [1, %d]", c.blockLen, trace.TraceBlockSize)
 	case !(c.rate > 0 && c.rate <= maxRate):
