@@ -65,7 +65,7 @@ func (s *Service) DeregisterPeer(u string) error {
 func (s *Service) Peers() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slices.Clone(s.peers)
+	return append([]string{}, s.peers...) // [] in JSON when there are none, not null
 }
 
 // recoverFromPeers restores the indexes from the first peer whose dump

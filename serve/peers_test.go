@@ -1,6 +1,7 @@
 package serve_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -110,5 +111,10 @@ func TestPeerEndpoints(t *testing.T) {
 	}
 	if get(t, ts.URL+"/peers", &peers); !reflect.DeepEqual(peers, []string{"http://b:8090"}) {
 		t.Fatalf("peers %v", peers)
+	}
+	post(t, ts.URL+"/deregister_peer", serve.Peer{URL: "http://b:8090"}, nil)
+	var none json.RawMessage
+	if get(t, ts.URL+"/peers", &none); string(none) != "[]" {
+		t.Fatalf("no peers listed as %s, want [] (as /workers lists no workers)", none)
 	}
 }
