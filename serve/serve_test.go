@@ -703,14 +703,9 @@ func TestRegisteredPoolsSizeTheIndex(t *testing.T) {
 	grew := map[int]int64{}
 	for _, p := range []int{0, pool} {
 		svc := serve.New(serve.Config{})
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		pubs := registerPools(t, svc, engines, p)
-		testwait.For(t, "the resize's warm ahead to end", func() bool { return !pages.Warming() })
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		grew[p] = int64(after.HeapAlloc) - int64(before.HeapAlloc)
+		before := liveHeap(t)
+		pubs := registerPools(t, svc, engines, p) // the resize warms ahead: liveHeap waits for it
+		grew[p] = liveHeap(t) - before
 		ts := httptest.NewServer(svc.Handler())
 		gen, conv := vllm.NewSynthEngine(1, bs, 4, 0.3), vllm.NewConverter(1, bs)
 		want := holdings.Set{}
@@ -736,6 +731,20 @@ func TestRegisteredPoolsSizeTheIndex(t *testing.T) {
 	}
 }
 
+// liveHeap returns the heap live after a collection, once no warm
+// (pages.WarmAhead) runs: a warm holds its chunks until its own
+// collection, so one running at the first of two readings and done by
+// the second made an index read 13 MB smaller than it is (seen once in
+// TestIndexBlocks, under -race, a warm of another test's growing index).
+func liveHeap(t *testing.T) int64 {
+	t.Helper()
+	testwait.For(t, "warms ahead to end", func() bool { return !pages.Warming() })
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
 // A service with Config.IndexBlocks sizes each model's index when it
 // creates it (its table's memory taken then, not as it fills), and
 // answers as one grown as it fills.
@@ -744,22 +753,12 @@ func TestIndexBlocks(t *testing.T) {
 	answers, grew := map[int]serve.Scores{}, map[int]int64{}
 	for _, sized := range []int{0, blocks} {
 		svc := serve.New(serve.Config{IndexBlocks: sized})
-		var before, after runtime.MemStats
-		// A warm another test's growing index started (pages.WarmAhead)
-		// holds its chunks until its collection: live at the first
-		// reading and gone at the second, they made the sized index
-		// look 13 MB smaller than it is (seen once, under -race).
-		testwait.For(t, "other indexes' warms to end", func() bool { return !pages.Warming() })
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		idx := serve.IndexForTest(svc, "m", 16)
 		// Live heap at both ends: a sized index's creation runs a
 		// collection (pages.Warm), which freed other tests' garbage and
 		// made the sized index look smaller than the grown one under load.
-		testwait.For(t, "other indexes' warms to end", func() bool { return !pages.Warming() })
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		grew[sized] = int64(after.HeapAlloc) - int64(before.HeapAlloc)
+		before := liveHeap(t)
+		idx := serve.IndexForTest(svc, "m", 16)
+		grew[sized] = liveHeap(t) - before
 		hashes := make([]uint64, 64)
 		for i := range hashes {
 			hashes[i] = uint64(i+1) * 0x9E3779B97F4A7C15
