@@ -13,6 +13,7 @@ import (
 	"iter"
 	"maps"
 	"net/http"
+	"net/url"
 	"os"
 	"runtime"
 	"slices"
@@ -35,28 +36,28 @@ import (
 // its body is JSON (415 otherwise: a browser's form or text/plain POST,
 // which needs no preflight, is refused), and requests a browser marks as
 // cross-origin are refused (403), so a web page cannot drive the service
-// through its visitor's browser.
+// through its visitor's browser. Every error is JSON, a path the API does
+// not have (404) and a method a path does not take (405) included.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /register", s.guarded(s.register))
-	mux.HandleFunc("POST /unregister", s.guarded(s.unregister))
-	mux.HandleFunc("GET /workers", func(w http.ResponseWriter, r *http.Request) {
-		q := r.URL.Query()
-		group := q.Get("routing_group")
-		if group == "" {
-			group = q.Get("tenant_id")
-		}
-		reply(w, http.StatusOK, s.Workers(q.Get("model_name"), group))
-	})
-	mux.HandleFunc("POST /register_peer", s.guarded(s.peerChange(s.RegisterPeer, http.StatusCreated)))
-	mux.HandleFunc("POST /deregister_peer", s.guarded(s.peerChange(s.DeregisterPeer, http.StatusOK)))
-	mux.HandleFunc("GET /peers", func(w http.ResponseWriter, _ *http.Request) { reply(w, http.StatusOK, s.Peers()) })
-	mux.HandleFunc("POST /route", s.guarded(s.route))
-	mux.HandleFunc("POST /requests/{id}/first_token", s.guarded(s.release(false)))
-	mux.HandleFunc("POST /requests/{id}/complete", s.guarded(s.release(true)))
-	mux.HandleFunc("POST /query", s.query)
-	mux.HandleFunc("POST /query_by_hash", s.queryByHash)
-	mux.HandleFunc("GET /dump", s.dump)
+	// Endpoints that answer data refuse a query they cannot honour (400):
+	// a filter they ignored would read as "everything". Probes and
+	// /metrics take what they are sent.
+	handle := func(pattern string, h http.HandlerFunc, keys ...string) {
+		mux.HandleFunc(pattern, takes(h, keys...))
+	}
+	handle("POST /register", s.guarded(s.register))
+	handle("POST /unregister", s.guarded(s.unregister))
+	handle("GET /workers", s.workers, "model_name", "routing_group", "tenant_id")
+	handle("POST /register_peer", s.guarded(s.peerChange(s.RegisterPeer, http.StatusCreated)))
+	handle("POST /deregister_peer", s.guarded(s.peerChange(s.DeregisterPeer, http.StatusOK)))
+	handle("GET /peers", func(w http.ResponseWriter, _ *http.Request) { reply(w, http.StatusOK, s.Peers()) })
+	handle("POST /route", s.guarded(s.route))
+	handle("POST /requests/{id}/first_token", s.guarded(s.release(false)))
+	handle("POST /requests/{id}/complete", s.guarded(s.release(true)))
+	handle("POST /query", s.query)
+	handle("POST /query_by_hash", s.queryByHash)
+	handle("GET /dump", s.dump)
 	mux.Handle("GET /metrics", s.metrics.handler())
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		reply(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -72,7 +73,93 @@ func (s *Service) Handler() http.Handler {
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		fail(w, http.StatusForbidden, errors.New("cross-origin request refused"))
 	}))
-	return cop.Handler(jsonOnly(s.bounded(mux)))
+	return cop.Handler(jsonOnly(s.bounded(jsonMisses(mux))))
+}
+
+func (s *Service) workers(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	group, tenant := q.Get("routing_group"), q.Get("tenant_id")
+	if group != "" && tenant != "" && group != tenant {
+		fail(w, http.StatusBadRequest, fmt.Errorf("query: routing_group %q and tenant_id %q differ (they are synonyms)", group, tenant))
+		return
+	}
+	reply(w, http.StatusOK, s.Workers(q.Get("model_name"), cmp.Or(group, tenant)))
+}
+
+// takes refuses (400, naming it) a query the endpoint cannot honour: one
+// that does not parse, a key not in keys, or a key given more than once.
+func takes(h http.HandlerFunc, keys ...string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := checkQuery(r.URL.RawQuery, keys); err != nil {
+			fail(w, http.StatusBadRequest, err)
+			return
+		}
+		h(w, r)
+	}
+}
+
+func checkQuery(raw string, keys []string) error {
+	if raw == "" {
+		return nil
+	}
+	q, err := url.ParseQuery(raw)
+	if err != nil {
+		return fmt.Errorf("query: %w", err)
+	}
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		switch {
+		case len(keys) == 0:
+			return fmt.Errorf("query: parameter %q: this endpoint takes none", k)
+		case !slices.Contains(keys, k):
+			return fmt.Errorf("query: unknown parameter %q (this endpoint takes %s)", k, strings.Join(keys, ", "))
+		case len(q[k]) > 1:
+			return fmt.Errorf("query: parameter %q given %d times", k, len(q[k]))
+		}
+	}
+	return nil
+}
+
+// jsonMisses answers a request no endpoint takes as every other error is
+// answered, in JSON: 404 for a path the API does not have, 405 (with the
+// mux's Allow header) for a method the path does not take. The mux's
+// redirects to a cleaned path pass through.
+func jsonMisses(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h, pattern := mux.Handler(r); pattern == "" {
+			h.ServeHTTP(&missWriter{ResponseWriter: w, r: r}, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// missWriter turns the mux's plain-text 404 and 405 into JSON errors.
+type missWriter struct {
+	http.ResponseWriter
+	r        *http.Request
+	answered bool
+}
+
+func (m *missWriter) WriteHeader(code int) {
+	var err error
+	switch code {
+	case http.StatusNotFound:
+		err = fmt.Errorf("no endpoint %s %s", m.r.Method, m.r.URL.Path)
+	case http.StatusMethodNotAllowed:
+		err = fmt.Errorf("%s %s: method not allowed (allowed: %s)", m.r.Method, m.r.URL.Path, m.Header().Get("Allow"))
+	default:
+		m.ResponseWriter.WriteHeader(code)
+		return
+	}
+	fail(m.ResponseWriter, code, err)
+	m.answered = true
+}
+
+func (m *missWriter) Write(p []byte) (int, error) {
+	if m.answered {
+		return len(p), nil // the mux's text, replaced
+	}
+	return m.ResponseWriter.Write(p)
 }
 
 // Large bodies: a request whose body is over largeBody, or of unknown

@@ -2,6 +2,7 @@ package serve_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -649,6 +651,86 @@ func TestOpenDoorsAreShut(t *testing.T) {
 	var workers []serve.Worker
 	if code := get(t, ts.URL+"/workers", &workers); code != http.StatusOK {
 		t.Fatalf("a read without the token: %d", code)
+	}
+}
+
+// A request the API does not take is answered as every error is, in JSON
+// naming what was wrong: a path it does not have (404), a method a path
+// does not take (405, with Allow), and a query an endpoint that answers
+// data cannot honour (400): a misspelt filter used to list everything.
+// Probes take any query.
+func TestWhatTheAPIDoesNotTake(t *testing.T) {
+	svc := serve.New(serve.Config{})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	for i, group := range []string{"g", "h"} {
+		reg := serve.Registration{InstanceID: uint64(i + 1), ModelName: "m", BlockSize: 16, RoutingGroup: group, TotalKVBlocks: 64}
+		if code := post(t, ts.URL+"/register", reg, nil); code != http.StatusCreated {
+			t.Fatalf("register %s: %d", group, code)
+		}
+	}
+	for _, tc := range []struct {
+		method, path string
+		want         int
+		says, allow  string
+	}{
+		{"GET", "/nope", http.StatusNotFound, "no endpoint GET /nope", ""},
+		{"GET", "/workers/", http.StatusNotFound, "no endpoint GET /workers/", ""},
+		{"GET", "/route", http.StatusMethodNotAllowed, "GET /route: method not allowed", "POST"},
+		{"DELETE", "/workers", http.StatusMethodNotAllowed, "DELETE /workers: method not allowed", "GET, HEAD"},
+		{"POST", "/health", http.StatusMethodNotAllowed, "POST /health: method not allowed", "GET, HEAD"},
+		{"GET", "/requests/r1/complete", http.StatusMethodNotAllowed, "method not allowed", "POST"},
+		{"GET", "/workers?model=m", http.StatusBadRequest, `unknown parameter "model"`, ""},
+		{"GET", "/workers?model_name=m&model_name=n", http.StatusBadRequest, `"model_name" given 2 times`, ""},
+		{"GET", "/workers?model_name=%zz", http.StatusBadRequest, "invalid URL escape", ""},
+		{"GET", "/workers?routing_group=g&tenant_id=h", http.StatusBadRequest, "differ", ""},
+		{"GET", "/dump?model_name=m", http.StatusBadRequest, `"model_name": this endpoint takes none`, ""},
+		{"GET", "/peers?all=1", http.StatusBadRequest, "takes none", ""},
+		{"POST", "/query?model_name=m", http.StatusBadRequest, "takes none", ""},
+	} {
+		req, _ := http.NewRequest(tc.method, ts.URL+tc.path, strings.NewReader("{}"))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var answer struct{ Error string }
+		err = json.NewDecoder(resp.Body).Decode(&answer)
+		resp.Body.Close()
+		name := tc.method + " " + tc.path
+		switch {
+		case err != nil:
+			t.Errorf("%s: %d, not JSON: %v", name, resp.StatusCode, err)
+		case resp.StatusCode != tc.want || !strings.Contains(answer.Error, tc.says):
+			t.Errorf("%s: %d %q, want %d saying %q", name, resp.StatusCode, answer.Error, tc.want, tc.says)
+		case resp.Header.Get("Allow") != tc.allow:
+			t.Errorf("%s: Allow %q, want %q", name, resp.Header.Get("Allow"), tc.allow)
+		}
+	}
+	for _, tc := range []struct {
+		query string
+		want  []uint64
+	}{
+		{"", []uint64{1, 2}},
+		{"?model_name=m&tenant_id=h", []uint64{2}},
+		{"?routing_group=g&tenant_id=g", []uint64{1}},
+	} {
+		var workers []serve.Worker
+		if code := get(t, ts.URL+"/workers"+tc.query, &workers); code != http.StatusOK {
+			t.Fatalf("/workers%s: %d", tc.query, code)
+		}
+		var ids []uint64
+		for _, w := range workers {
+			ids = append(ids, w.InstanceID)
+		}
+		if slices.Sort(ids); !slices.Equal(ids, tc.want) {
+			t.Errorf("/workers%s: instances %v, want %v", tc.query, ids, tc.want)
+		}
+	}
+	var health map[string]string
+	if code := get(t, ts.URL+"/health?probe=1", &health); code != http.StatusOK {
+		t.Errorf("/health with a query: %d", code)
 	}
 }
 
