@@ -166,6 +166,16 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	if c.repeat > 1 {
 		return runRepeated(args, c.repeat, c.out, stdout, stderr, intr)
 	}
+	cpuProfile, err := createProfile(c.cpuprofile)
+	if err != nil {
+		return err
+	}
+	defer cpuProfile.close()
+	memProfile, err := createProfile(c.memprofile)
+	if err != nil {
+		return err
+	}
+	defer memProfile.close()
 	progress := c.progress(stderr)
 	cp, err := c.buildCorpus(progress)
 	if err != nil {
@@ -181,7 +191,7 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	if c.churn {
 		return runChurn(stdout, cp, impls, c.window, c.out.format == "json", intr, progress)
 	}
-	stopProfile, err := startCPUProfile(c.cpuprofile)
+	stopProfile, err := cpuProfile.startCPU()
 	if err != nil {
 		return err
 	}
@@ -195,7 +205,7 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 		}
 	}
 	stopProfile()
-	if err := writeHeapProfile(c.memprofile); err != nil {
+	if err := memProfile.writeHeap(); err != nil {
 		return err
 	}
 	prov := openloop.NewProvenance(c.corpus, c.corpusFile)

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -136,6 +138,46 @@ func TestIndexerBadFlags(t *testing.T) {
 		_, _, err := runArgs(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.msg) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%v: %v, want one line about %q", tc.args, err, tc.msg)
+		}
+	}
+}
+
+// A profile's path is refused before the run (an indexer's heap profile
+// was written after it, and a bad path lost its results), a run that
+// fails leaves no empty profile behind, and one that succeeds writes both.
+func TestProfiles(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "missing", "p")
+	for _, args := range [][]string{
+		{"indexer", "-cpuprofile", bad},
+		{"indexer", "-memprofile", bad},
+		{"ingest", "-cpuprofile", bad},
+		{"ingest", "-memprofile", bad},
+		{"replay", "-cpuprofile", bad},
+		{"serve", "-cpuprofile", bad},
+		{"serve", "-sample", bad},
+	} {
+		stdout, stderr, err := runArgs(t, args...)
+		if err == nil || !strings.Contains(err.Error(), bad) || stdout+stderr != "" {
+			t.Errorf("%v: %v after %q, want the path refused before any work", args, err, stdout+stderr)
+		}
+	}
+	cpu, mem := filepath.Join(dir, "cpu.pprof"), filepath.Join(dir, "mem.pprof")
+	if _, _, err := runArgs(t, "indexer", "-corpus", filepath.Join(dir, "none"), "-cpuprofile", cpu, "-memprofile", mem); err == nil {
+		t.Fatal("a missing corpus accepted")
+	}
+	for _, p := range []string{cpu, mem} {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s after a failed run: %v, want none", p, err)
+		}
+	}
+	args := append([]string{"indexer", "-duration", "200ms", "-compare", "compressed", "-cpuprofile", cpu, "-memprofile", mem}, indexerSmall...)
+	if _, _, err := runArgs(t, args...); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{cpu, mem} {
+		if b, err := os.ReadFile(p); err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Errorf("%s: %v, %d bytes, want a profile (gzip)", p, err, len(b))
 		}
 	}
 }

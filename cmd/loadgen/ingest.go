@@ -180,6 +180,16 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	if err := c.validate(); err != nil {
 		return err
 	}
+	cpuProfile, err := createProfile(c.cpuprofile)
+	if err != nil {
+		return err
+	}
+	defer cpuProfile.close()
+	memProfile, err := createProfile(c.memprofile)
+	if err != nil {
+		return err
+	}
+	defer memProfile.close()
 	intr, release := watch(stop)
 	defer release()
 	engs, err := c.startEngines(intr)
@@ -214,7 +224,7 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	}
 	defer sub.Close()
 	run := &ingestRun{c: &c, engs: engs, sub: sub, intr: intr}
-	stopProfile, err := startCPUProfile(c.cpuprofile)
+	stopProfile, err := cpuProfile.startCPU()
 	if err != nil {
 		return err
 	}
@@ -226,7 +236,7 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 		return err
 	}
 	stopProfile()
-	if err := writeHeapProfile(c.memprofile); err != nil {
+	if err := memProfile.writeHeap(); err != nil {
 		return err
 	}
 	res := c.result(run, pool, time.Since(start), decodeNs)

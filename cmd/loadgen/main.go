@@ -200,35 +200,57 @@ func commandLine(cmd string, args []string) string {
 	return strings.Join(append([]string{"loadgen", cmd}, args...), " ")
 }
 
-// startCPUProfile starts a CPU profile into path ("" for none) and returns
-// its stop.
-func startCPUProfile(path string) (func(), error) {
-	if path == "" {
-		return func() {}, nil
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+// profile is a -cpuprofile or -memprofile file. It is created when the
+// command starts, so that a path that cannot be written is refused before
+// the run, not after it, and it is removed at the end if the run never
+// wrote it. A nil *profile (no path given) does nothing.
+type profile struct {
+	f       *os.File
+	written bool
 }
 
-// writeHeapProfile writes a heap profile to path ("" for none).
-func writeHeapProfile(path string) error {
+func createProfile(path string) (*profile, error) {
 	if path == "" {
-		return nil
+		return nil, nil
 	}
 	f, err := os.Create(path)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer f.Close()
+	return &profile{f: f}, nil
+}
+
+// startCPU starts a CPU profile into p and returns its stop.
+func (p *profile) startCPU() (func(), error) {
+	if p == nil {
+		return func() {}, nil
+	}
+	if err := pprof.StartCPUProfile(p.f); err != nil {
+		return nil, err
+	}
+	p.written = true
+	return pprof.StopCPUProfile, nil
+}
+
+// writeHeap writes a heap profile into p, after a collection.
+func (p *profile) writeHeap() error {
+	if p == nil {
+		return nil
+	}
 	runtime.GC()
-	return pprof.WriteHeapProfile(f)
+	p.written = true
+	return pprof.WriteHeapProfile(p.f)
+}
+
+// close closes p's file, and removes it if nothing was written to it.
+func (p *profile) close() {
+	if p == nil {
+		return
+	}
+	p.f.Close()
+	if !p.written {
+		os.Remove(p.f.Name())
+	}
 }
 
 // newFlags returns a flag set that reports errors instead of exiting.

@@ -109,12 +109,20 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	if err := c.out.validate(); err != nil {
 		return err
 	}
+	cpuProfile, err := createProfile(c.cpuprof)
+	if err != nil {
+		return err
+	}
+	defer cpuProfile.close()
 	reqs, name, err := c.work.load()
 	if err != nil {
 		return err
 	}
 	for i, r := range reqs {
 		reqs[i] = trace.Stretch(r, c.stretch, c.blockLen)
+	}
+	if err := c.writeSample(reqs); err != nil { // before the run, whose results a bad path would lose
+		return err
 	}
 	intr, release := watch(stop)
 	defer release()
@@ -143,7 +151,7 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	if err != nil {
 		return err
 	}
-	stopProfile, err := startCPUProfile(c.cpuprof)
+	stopProfile, err := cpuProfile.startCPU()
 	if err != nil {
 		return err
 	}
@@ -195,9 +203,6 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 		res.MatchedPct = 100 * float64(matched) / float64(hashes)
 	}
 	res.DumpEqual = c.dumpEquals(base, want)
-	if err := c.writeSample(reqs); err != nil {
-		return err
-	}
 	return c.out.write(stdout, res, func() {
 		fmt.Fprintf(stdout, "%s: %d engines served %d requests in %d batches in %.2fs (%.0f batches/s); %d queries of %.0f hashes (%.1f%% of them held) at %.0f/s (offered %.0f): p50 %.2f ms, p99 %.2f ms; %d errors; /dump equals the events: %v\n",
 			res.Trace, res.Engines, res.Requests, res.Batches, elapsed.Seconds(), res.BatchesPerS, res.Queries, res.HashesPerQ, res.MatchedPct, res.AchievedQPS, res.OfferedQPS, res.QueryP50Ms, res.QueryP99Ms, res.Errors, res.DumpEqual)
