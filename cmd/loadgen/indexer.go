@@ -77,14 +77,13 @@ func (c *indexerConfig) register(fs *flag.FlagSet) {
 	c.proto = openloop.Protocol{Issuers: 2, QueryLanes: runtime.GOMAXPROCS(0)}
 	fs.IntVar(&c.proto.Issuers, "issuers", c.proto.Issuers, "goroutines issuing operations by deadline")
 	fs.IntVar(&c.proto.QueryLanes, "query-lanes", c.proto.QueryLanes, "goroutines running lookups (Dynamo: 128)")
-	fs.DurationVar(&c.window, "duration", 20*time.Second, "the window every worker's timeline is rescaled to (at most 10m)")
+	c.registerWindow(fs)
 	fs.StringVar(&c.compare, "compare", "single,pool,compressed", "indexers: single, pool (over ConcurrentTree), compressed (pool over CompressedTree)")
 	fs.StringVar(&c.lanes, "lanes", "2", "pool lanes; a comma list runs one pool per value")
 	fs.BoolVar(&c.sweep, "sweep", false, "find the shortest window that keeps up: halve -duration, then bisect")
 	fs.IntVar(&c.sweepSteps, "sweep-steps", 6, "most sweep steps")
 	fs.IntVar(&c.repeat, "repeat", 1, "run this many fresh processes and report the median and spread")
 	fs.BoolVar(&c.churn, "churn", false, "soak: replay in passes for -duration while workers leave and rejoin; heap each second and after each pass, verdict flat or growing")
-	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile to `file`")
 	fs.StringVar(&c.memprofile, "memprofile", "", "write a heap profile to `file` at the end")
 	fs.BoolVar(&c.sized, "sized", false, "size the compressed pool's table of engine hashes up front for the engines' pools summed (workers x dup x -blocks): no segment splits as it fills")
@@ -93,8 +92,15 @@ func (c *indexerConfig) register(fs *flag.FlagSet) {
 	c.out.register(fs)
 }
 
+// registerWindow registers -duration, the window the corpus's deadlines
+// are scaled to.
+func (c *indexerConfig) registerWindow(fs *flag.FlagSet) {
+	fs.DurationVar(&c.window, "duration", 20*time.Second, "the window every worker's timeline is rescaled to (at most 10m)")
+}
+
 // registerCorpus registers the flags that choose the corpus: the trace
-// (workloadFlags), how it is spread and stretched, or a corpus file.
+// (workloadFlags), how it is spread and stretched, or a corpus file; and
+// -quiet, for the progress of its build.
 func (c *indexerConfig) registerCorpus(fs *flag.FlagSet) {
 	c.corpus = openloop.BuildConfig{Workers: 128, BlockSize: 128, TraceBlockSize: trace.TraceBlockSize, Blocks: 16384, Dup: 1, LengthFactor: 1}
 	fs.IntVar(&c.corpus.Workers, "workers", c.corpus.Workers, "simulated engines the trace is spread over (Dynamo: 128)")
@@ -105,13 +111,18 @@ func (c *indexerConfig) registerCorpus(fs *flag.FlagSet) {
 	fs.IntVar(&c.corpus.LengthFactor, "length-factor", c.corpus.LengthFactor, "stretch every request's hash ids this many times (Dynamo: 4)")
 	fs.Uint64Var(&c.corpus.Seed, "seed", 0, "seed of the request-to-engine spread")
 	fs.StringVar(&c.corpusFile, "corpus", "", "replay this SMGMCK01 corpus (loadgen corpus writes one) instead of building one from the trace; its deadlines are rescaled to -duration if given")
+	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
 }
 
 // validate checks what every command that builds or reads a corpus
-// takes: the window, the corpus and the output.
-func (c *indexerConfig) validate() error {
+// takes: the window, the corpus and, if it reports one (fs has -format),
+// the output.
+func (c *indexerConfig) validate(fs *flag.FlagSet) error {
 	if c.window <= 0 || c.window > maxDuration {
 		return fmt.Errorf("-duration %v, want in (0, %v]", c.window, maxDuration)
+	}
+	if fs.Lookup("format") == nil {
+		return c.corpus.Validate()
 	}
 	return errors.Join(c.corpus.Validate(), c.out.validate())
 }
@@ -141,7 +152,7 @@ func (c *indexerConfig) parse(fs *flag.FlagSet, args []string) error {
 		return err
 	}
 	fs.Visit(func(f *flag.Flag) { c.windowSet = c.windowSet || f.Name == "duration" })
-	return c.validate()
+	return c.validate(fs)
 }
 
 func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) error {

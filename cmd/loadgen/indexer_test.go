@@ -355,6 +355,29 @@ func TestCorpusFile(t *testing.T) {
 	if _, _, err := runArgs(t, "indexer", "-corpus", bad, "-quiet"); err == nil || !strings.Contains(err.Error(), "offset") {
 		t.Fatalf("a damaged corpus: %v, want an error naming the offset", err)
 	}
+	if _, _, err := runArgs(t, "corpus", "-out", a, "-corpus", a, "-duration", "1s", "-quiet"); err != nil {
+		t.Fatalf("a corpus rescaled in place: %v", err)
+	}
+	if oc, err := openloop.ReadFile(a); err != nil || oc.ReferenceWindow != time.Second {
+		t.Fatalf("a corpus rescaled in place: %v, window %v", err, oc.ReferenceWindow)
+	}
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"-out", filepath.Join(dir, "missing", "c.smg")}, "no such file"},
+		{[]string{"-out", dir}, "is a directory"},
+		{[]string{"-out", filepath.Join(dir, "c.smg"), "-trace", filepath.Join(dir, "none.jsonl")}, "no such file"},
+		{[]string{"-out", filepath.Join(dir, "c.smg"), "-compare", "compressed"}, "not defined"}, // the indexer's, which did nothing here
+	} {
+		stdout, stderr, err := runArgs(t, append([]string{"corpus"}, tc.args...)...)
+		if err == nil || !strings.Contains(err.Error(), tc.says) || strings.Contains(stdout+stderr, "building the corpus") {
+			t.Errorf("corpus %v: %v after %q, want refused saying %q before any build", tc.args, err, stdout+stderr, tc.says)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "c.smg*")); len(left) > 0 {
+		t.Errorf("failed corpus commands left %v", left)
+	}
 }
 
 // `loadgen holes`: lookups across workers' holes, checked against the

@@ -23,7 +23,6 @@ func runMemory(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&mc.SkipQueries, "skip-queries", false, "replay the events only")
 	fs.StringVar(&c.compare, "compare", "single,pool,compressed", "indexers: single, pool (over ConcurrentTree), compressed (pool over CompressedTree)")
 	fs.StringVar(&c.lanes, "lanes", "2", "pool lanes; a comma list runs one pool per value")
-	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
 	c.out.register(fs)
 	if err := c.parse(fs, args); err != nil {
 		return err
