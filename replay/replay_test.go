@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/kvradix/kvradix/kvevent"
@@ -203,6 +204,9 @@ func TestConfigAndRouterErrors(t *testing.T) {
 	}
 	if _, err := ParseRouters("kv,nope"); err == nil {
 		t.Error("ParseRouters accepted nope")
+	}
+	if _, err := ParseRouters("kv,random, kv"); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Errorf("ParseRouters of kv twice: %v", err)
 	}
 	if got, err := ParseRouters("kv, random"); err != nil || !reflect.DeepEqual(got, []string{KV, Random}) {
 		t.Errorf("ParseRouters: %v %v", got, err)

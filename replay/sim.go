@@ -157,6 +157,9 @@ func ParseRouters(s string) ([]string, error) {
 		if !slices.Contains(Routers, name) {
 			return nil, fmt.Errorf("unknown router %q (want %s)", name, strings.Join(Routers, ", "))
 		}
+		if slices.Contains(out, name) {
+			return nil, fmt.Errorf("router %q given twice", name)
+		}
 		out = append(out, name)
 	}
 	return out, nil

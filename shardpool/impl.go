@@ -2,6 +2,7 @@ package shardpool
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -60,6 +61,9 @@ func ParseLanes(lanes string) ([]int, error) {
 		if err != nil || n < 1 || n > MaxLanes {
 			return nil, fmt.Errorf("%q is not a lane count from 1 to %d", f, MaxLanes)
 		}
+		if slices.Contains(ls, n) {
+			return nil, fmt.Errorf("%d lanes given twice", n)
+		}
 		ls = append(ls, n)
 	}
 	return ls, nil
@@ -69,8 +73,14 @@ func ParseLanes(lanes string) ([]int, error) {
 // pool is taken at every lane count.
 func ParseImpls(names string, lanes []int) ([]Impl, error) {
 	var out []Impl
+	var seen []string
 	for _, name := range strings.Split(names, ",") {
-		switch name = strings.TrimSpace(name); name {
+		name = strings.TrimSpace(name)
+		if slices.Contains(seen, name) {
+			return nil, fmt.Errorf("index %q given twice", name)
+		}
+		seen = append(seen, name)
+		switch name {
 		case "single":
 			out = append(out, Impl{Name: name, Lanes: 1})
 		case "pool", "compressed":

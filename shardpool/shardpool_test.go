@@ -383,6 +383,9 @@ func TestParseImpls(t *testing.T) {
 	if _, err := shardpool.ParseImpls("single,btree", []int{1}); err == nil || !strings.Contains(err.Error(), "btree") {
 		t.Fatalf("unknown name: %v", err)
 	}
+	if _, err := shardpool.ParseImpls("compressed, compressed", []int{1}); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Fatalf("a name given twice: %v", err)
+	}
 	for n, want := range map[int]int{-1: 1, 0: 1, 3: 3, shardpool.MaxLanes + 1: shardpool.MaxLanes, 1 << 40: shardpool.MaxLanes} {
 		p := shardpool.NewPool(n, 4)
 		if got := p.Lanes(); got != want {
@@ -390,7 +393,7 @@ func TestParseImpls(t *testing.T) {
 		}
 		check(t, p.Close())
 	}
-	for _, bad := range []string{"2,0", "99999999999", fmt.Sprint(shardpool.MaxLanes + 1)} {
+	for _, bad := range []string{"2,0", "99999999999", fmt.Sprint(shardpool.MaxLanes + 1), "2, 2"} {
 		if _, err := shardpool.ParseLanes(bad); err == nil {
 			t.Fatalf("lane counts %s accepted", bad)
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -105,6 +106,9 @@ func (c *routerConfig) parseModes() ([]router.Mode, error) {
 		m, err := router.ParseMode(strings.TrimSpace(name))
 		if err != nil {
 			return nil, fmt.Errorf("-modes: %w", err)
+		}
+		if slices.Contains(ms, m) {
+			return nil, fmt.Errorf("-modes: %v given twice", m)
 		}
 		ms = append(ms, m)
 	}
