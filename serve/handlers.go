@@ -261,15 +261,6 @@ func tenantOr(t string) string {
 	return t
 }
 
-// validEndpoint accepts the ZeroMQ transports an engine publishes on.
-func validEndpoint(ep string) bool {
-	rest, ok := strings.CutPrefix(ep, "tcp://")
-	if !ok {
-		rest, ok = strings.CutPrefix(ep, "ipc://")
-	}
-	return ok && rest != ""
-}
-
 func (s *Service) unregister(w http.ResponseWriter, r *http.Request) {
 	var u Unregistration
 	if !s.decode(w, r, &u) {

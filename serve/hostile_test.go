@@ -161,7 +161,7 @@ func TestEngineNotUpYet(t *testing.T) {
 		return got.Scores["3"]["0"] == 2*bs
 	})
 	// Leaving while failed stops the dials.
-	if err := svc.Register(serve.Registration{InstanceID: 4, Endpoint: addr + "0", ModelName: "m", BlockSize: bs}); err != nil {
+	if err := svc.Register(serve.Registration{InstanceID: 4, Endpoint: "tcp://127.0.0.1:1", ModelName: "m", BlockSize: bs}); err != nil {
 		t.Fatal(err)
 	}
 	if err := svc.Unregister(serve.Unregistration{InstanceID: 4, ModelName: "m"}); err != nil {
@@ -767,6 +767,8 @@ func TestNamesKeptApart(t *testing.T) {
 		{InstanceID: 2, Endpoint: "tcp://x:1", ModelName: "a\x00b", BlockSize: bs},
 		{InstanceID: 2, Endpoint: "tcp://x:1", ModelName: "a", TenantID: "b:c", BlockSize: bs},
 		{InstanceID: 2, Endpoint: "tcp://x:1", ModelName: "a", TenantID: "t\x00", BlockSize: bs},
+		{InstanceID: 2, Endpoint: "tcp://x:1", ModelName: "a\xff", BlockSize: bs}, // JSON would answer it as "a\ufffd", another model
+		{InstanceID: 2, Endpoint: "tcp://x:1", ModelName: "a", TenantID: "\xfe", BlockSize: bs},
 	} {
 		if err := svc.Register(reg); !errors.Is(err, serve.ErrInvalid) {
 			t.Errorf("model %q tenant %q: %v, want refused", reg.ModelName, reg.TenantID, err)

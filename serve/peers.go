@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,8 +29,13 @@ const peerTimeout = 5 * time.Minute
 // query (New drops peers it refuses; check them first).
 func CheckPeer(u string) error {
 	p, err := url.Parse(u)
-	if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" || p.RawQuery != "" || p.Fragment != "" {
+	if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Hostname() == "" || p.RawQuery != "" || p.Fragment != "" {
 		return fmt.Errorf("%w: url: %q, want http(s)://host[:port][/path]", ErrInvalid, u)
+	}
+	if port := p.Port(); port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("%w: url: %q: port %s, want 1 to 65535", ErrInvalid, u, port)
+		}
 	}
 	return nil
 }

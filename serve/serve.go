@@ -50,13 +50,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -337,10 +340,10 @@ func checkIndex(model, tenant string, blockSize int) error {
 	switch {
 	case model == "":
 		return invalid("model_name: missing")
-	case strings.ContainsFunc(model, unicode.IsControl):
-		return invalid("model_name: %q holds a control character", model)
-	case strings.ContainsFunc(tenant, unicode.IsControl) || strings.Contains(tenant, ":"):
-		return invalid("tenant_id: %q holds a control character or ':' (\"model:tenant\" names an index)", tenant)
+	case strings.ContainsFunc(model, unicode.IsControl) || !utf8.ValidString(model):
+		return invalid("model_name: %q holds a control character or is not UTF-8", model)
+	case strings.ContainsFunc(tenant, unicode.IsControl) || !utf8.ValidString(tenant) || strings.Contains(tenant, ":"):
+		return invalid("tenant_id: %q holds a control character or ':' (\"model:tenant\" names an index), or is not UTF-8", tenant)
 	case blockSize <= 0 || blockSize > MaxBlockSize:
 		return invalid("block_size: %d, want 1 to %d", blockSize, MaxBlockSize)
 	}
@@ -368,12 +371,50 @@ func (r *Registration) check() error {
 		return invalid("endpoint: missing (an engine without events needs total_kv_blocks)")
 	case r.Endpoint == "" && r.ReplayEndpoint != "":
 		return invalid("replay_endpoint: %q without an endpoint", r.ReplayEndpoint)
-	case r.Endpoint != "" && !validEndpoint(r.Endpoint):
-		return invalid("endpoint: %q, want tcp://host:port or ipc://path", r.Endpoint)
-	case r.ReplayEndpoint != "" && !validEndpoint(r.ReplayEndpoint):
-		return invalid("replay_endpoint: %q, want tcp://host:port or ipc://path", r.ReplayEndpoint)
 	case r.Type != "" && !slices.Contains(EngineTypes, r.Type):
 		return invalid("type: %q, want one of %s (or absent)", r.Type, strings.Join(EngineTypes, ", "))
+	}
+	for _, ep := range [...]struct{ field, v string }{{"endpoint", r.Endpoint}, {"replay_endpoint", r.ReplayEndpoint}} {
+		if ep.v == "" {
+			continue
+		}
+		if err := checkEndpoint(ep.v); err != nil {
+			return invalid("%s: %q: %v", ep.field, ep.v, err)
+		}
+	}
+	return nil
+}
+
+// checkEndpoint accepts the ZeroMQ transports an engine publishes on, as a
+// subscriber dials them: tcp://host:port, with a host other than the
+// engine's bind-all "*" and a port from 1 to 65535, or ipc://path. An
+// endpoint refused here could never be dialled: it would only fail its
+// dials forever.
+func checkEndpoint(ep string) error {
+	if strings.ContainsFunc(ep, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		return errors.New("holds a space or a control character")
+	}
+	if path, ok := strings.CutPrefix(ep, "ipc://"); ok {
+		if path == "" {
+			return errors.New("want ipc://path")
+		}
+		return nil
+	}
+	hostPort, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return errors.New("want tcp://host:port or ipc://path")
+	}
+	host, port, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return fmt.Errorf("want tcp://host:port: %v", err)
+	}
+	switch n, err := strconv.Atoi(port); {
+	case host == "":
+		return errors.New("want tcp://host:port: no host")
+	case host == "*":
+		return errors.New("host \"*\" is where the engine binds, on every interface: give the engine's host")
+	case err != nil || n < 1 || n > 65535:
+		return fmt.Errorf("port %q: want 1 to 65535", port)
 	}
 	return nil
 }

@@ -177,6 +177,12 @@ func TestServiceEndToEnd(t *testing.T) {
 		{"another block size", "/register", serve.Registration{InstanceID: 8, Endpoint: pub.Addr(), ModelName: "m", BlockSize: 32}, http.StatusConflict, "block_size"},
 		{"twice", "/register", reg, http.StatusConflict, "registered already"},
 		{"a udp endpoint", "/register", serve.Registration{InstanceID: 9, Endpoint: "udp://x:1", ModelName: "m", BlockSize: bs}, http.StatusBadRequest, "endpoint"},
+		// endpoints that could never be dialled, once registered and failing their dials forever
+		{"no port", "/register", serve.Registration{InstanceID: 9, Endpoint: "tcp://x", ModelName: "m", BlockSize: bs}, http.StatusBadRequest, "endpoint: \"tcp://x\": want tcp://host:port"},
+		{"a port past 65535", "/register", serve.Registration{InstanceID: 9, Endpoint: "tcp://x:99999", ModelName: "m", BlockSize: bs}, http.StatusBadRequest, "port \"99999\""},
+		{"the engine's bind address", "/register", serve.Registration{InstanceID: 9, Endpoint: "tcp://*:5557", ModelName: "m", BlockSize: bs}, http.StatusBadRequest, "give the engine's host"},
+		{"two endpoints in one", "/register", serve.Registration{InstanceID: 9, Endpoint: "tcp://x:1 tcp://y:1", ModelName: "m", BlockSize: bs}, http.StatusBadRequest, "a space"},
+		{"no ipc path", "/register", serve.Registration{InstanceID: 9, Endpoint: pub.Addr(), ReplayEndpoint: "ipc://", ModelName: "m", BlockSize: bs}, http.StatusBadRequest, "replay_endpoint"},
 		{"no model", "/register", serve.Registration{InstanceID: 9, Endpoint: pub.Addr(), BlockSize: bs}, http.StatusBadRequest, "model_name"},
 		{"a rank past 2^30-1", "/register", []byte(`{"instance_id": 9, "endpoint": "tcp://x:1", "model_name": "m", "block_size": 16, "dp_rank": 4294967296}`), http.StatusBadRequest, "dp_rank"},
 		{"a block size past 2^16", "/register", []byte(`{"instance_id": 9, "endpoint": "tcp://x:1", "model_name": "m2", "block_size": 4294967312}`), http.StatusBadRequest, "block_size"},

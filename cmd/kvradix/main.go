@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -105,17 +106,19 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	if err := checkBusFlags(fs, bc); err != nil {
 		return err
 	}
-	for _, p := range splitList(*peers) {
-		if err := serve.CheckPeer(p); err != nil {
-			return fmt.Errorf("-peers: %w", err)
-		}
+	peerURLs, err := parsePeers(*peers)
+	if err != nil {
+		return fmt.Errorf("-peers: %w", err)
 	}
 	regs, err := parseWorkers(*workers, *model, *blockSize)
 	if err != nil {
 		return fmt.Errorf("-workers: %w", err)
 	}
+	if err := checkServing(*listen, *token, *state); err != nil {
+		return err
+	}
 	cfg := serve.Config{Lanes: *lanes, IndexBlocks: *indexBlocks, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl,
-		SaveEvery: *saveEvery, Tiers: *tiers, Peers: splitList(*peers), EventsStaleAfter: *stale, PredictTTL: *predictTTL, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
+		SaveEvery: *saveEvery, Tiers: *tiers, Peers: peerURLs, EventsStaleAfter: *stale, PredictTTL: *predictTTL, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
 	cfg.Subscriber.OnLoss = newLossLog(stderr, time.Second).log
 	if bc.Auth, err = natsAuth(*natsCreds, *natsTokenFile, os.Getenv(natsTokenEnv)); err != nil {
 		return err
@@ -331,12 +334,48 @@ func helpAsked(args []string) bool {
 }
 
 // splitList splits a comma list, dropping empty items.
-func splitList(s string) []string {
+// parsePeers reads -peers: URLs separated by commas, each once.
+func parsePeers(s string) ([]string, error) {
+	if s == "" {
+		return nil, nil
+	}
 	var out []string
 	for item := range strings.SplitSeq(s, ",") {
-		if item = strings.TrimSpace(item); item != "" {
-			out = append(out, item)
+		u := strings.TrimSuffix(strings.TrimSpace(item), "/")
+		if err := serve.CheckPeer(u); err != nil {
+			return nil, err
 		}
+		if slices.Contains(out, u) {
+			return nil, fmt.Errorf("%s given twice", u)
+		}
+		out = append(out, u)
 	}
-	return out
+	return out, nil
+}
+
+// checkServing refuses, before anything starts, what would only show
+// later: an empty -listen (Go would listen on every interface, where the
+// default is loopback), a -token no Authorization header can carry (the
+// service would refuse every caller), and a -state that is not a
+// directory the service can write (the state would be lost at the first
+// save, or on shutdown).
+func checkServing(listen, token, state string) error {
+	if listen == "" {
+		return errors.New("-listen: empty; give host:port (:PORT listens on every interface)")
+	}
+	if strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r > '~' }) {
+		return errors.New("-token: holds a space, a control character or a character past ASCII, which a bearer header cannot carry")
+	}
+	if state == "" {
+		return nil
+	}
+	if err := os.MkdirAll(state, 0o700); err != nil { // as the service makes it: the state holds the registry
+		return fmt.Errorf("-state: %w", err)
+	}
+	probe, err := os.CreateTemp(state, ".kvradix-probe-*")
+	if err != nil {
+		return fmt.Errorf("-state: %w", err)
+	}
+	probe.Close()
+	return os.Remove(probe.Name())
 }

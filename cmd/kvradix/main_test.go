@@ -200,6 +200,10 @@ func TestServeBadFlags(t *testing.T) {
 			t.Errorf("a refused flag left %s behind: something started", left[0].Name())
 		}
 	}()
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		says string
@@ -228,6 +232,18 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "-block-size", "4294967312"}, "-block-size"},
 		{[]string{"serve", "-nats-token-file", "/nonexistent/token", "-nats", "nats://127.0.0.1:1"}, "-nats-token-file"},
 		{[]string{"serve", "-ttl", "1ns", "-tiers", "false"}, `unexpected argument "false"`}, // before the flags it cut off
+		// each of these was taken: the service ran, and the flag showed its fault later or never
+		{[]string{"serve", "-listen", ""}, "-listen: empty"}, // listened on every interface
+		{[]string{"serve", "-token", "s3cret "}, "-token"},   // no caller could have been let in
+		{[]string{"serve", "-token", "a\nb"}, "-token"},
+		{[]string{"serve", "-state", file}, "-state"}, // the state lost on shutdown
+		{[]string{"serve", "-state", filepath.Join(file, "sub")}, "-state"},
+		{[]string{"serve", "-peers", "http://a:1,http://a:1/"}, "http://a:1 given twice"},
+		{[]string{"serve", "-peers", "http://a:1,"}, "-peers"},
+		{[]string{"serve", "-peers", "http://a:99999"}, "port 99999"},
+		{[]string{"serve", "-workers", "1=tcp://a:1 2=tcp://b:1", "-model-name", "m"}, "a space"}, // dialled forever
+		{[]string{"serve", "-workers", "1=tcp://*:5557", "-model-name", "m"}, "the engine's host"},
+		{[]string{"serve", "-workers", "1=tcp://a:70000", "-model-name", "m"}, "port"},
 	} {
 		stop := make(chan os.Signal, 1)
 		stop <- syscall.SIGTERM // a flag taken by mistake: the service starts and stops at once
