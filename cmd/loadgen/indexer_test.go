@@ -138,6 +138,7 @@ func TestIndexerBadFlags(t *testing.T) {
 		{[]string{"serve", "-engines", "99999999999"}, "-engines"},
 		{[]string{"serve", "-stretch", "99999999999"}, "-stretch"},
 		{[]string{"serve", "-engine-blocks", "99999999999"}, "-engine-blocks"},
+		{[]string{"serve", "-url", "localhost:8090"}, "-url"}, // refused by its first request, not naming the flag
 	} {
 		_, _, err := runArgs(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.msg) || strings.Contains(err.Error(), "\n") {
@@ -313,7 +314,7 @@ func TestClusterFaults(t *testing.T) {
 // prompts; its /dump ends equal to the events published, with no failed
 // query, a batch per request, and queries matching what engines hold.
 func TestServeCommand(t *testing.T) {
-	out, _, err := runArgs(t, "serve", "-json", "-engines", "2", "-synth", "-synth-requests", "300", "-duration", "500ms", "-rate", "200", "-clients", "4", "-engine-blocks", "200")
+	out, _, err := runArgs(t, "serve", "-json", "-engines", "2", "-synth", "-synth-requests", "300", "-duration", "500ms", "-rate", "200", "-clients", "4", "-engine-blocks", "200", "-token", "t0k") // the in-process service is started with the token
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ type serveConfig struct {
 
 func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.url, "url", "", "the base URL of a running kvradix serve, http://host:port (default: start one in-process on loopback)")
-	fs.StringVar(&c.token, "token", "", "the service's bearer token for /register (its -token)")
+	fs.StringVar(&c.token, "token", "", "the service's bearer token for /register (its -token; the in-process service is started with it)")
 	fs.IntVar(&c.engines, "engines", 4, "vLLM-compatible publishers to register, serving the trace's requests in turn")
 	fs.Float64Var(&c.rate, "rate", 5000, "queries per second offered, over all clients")
 	fs.IntVar(&c.clients, "clients", 16, "concurrent HTTP clients, querying the trace's prompts by block hash")
@@ -109,6 +109,11 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	if err := c.out.validate(); err != nil {
 		return err
 	}
+	if c.url != "" {
+		if err := serve.CheckPeer(c.url); err != nil {
+			return fmt.Errorf("-url: %w", err)
+		}
+	}
 	cpuProfile, err := createProfile(c.cpuprof)
 	if err != nil {
 		return err
@@ -128,7 +133,7 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	defer release()
 	base := c.url
 	if base == "" {
-		svc := serve.New(serve.Config{})
+		svc := serve.New(serve.Config{Token: c.token})
 		defer svc.Close()
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
