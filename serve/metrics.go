@@ -60,6 +60,7 @@ var (
 	descPredicted = prometheus.NewDesc("kvradix_engines_predicted", "Engines (instance and rank) routed on the model of their cache, by reason: event_free (registered without an endpoint), stale (no message for -events-stale-after).", []string{"model", "reason"}, nil)
 	descModelHeld = prometheus.NewDesc("kvradix_approx_blocks", "Blocks the models of a model's engines' caches hold, and the requests leasing blocks there.", []string{"model", "what"}, nil)
 	descModelEvic = prometheus.NewDesc("kvradix_approx_evicted_blocks_total", "Blocks the models of a model's engines' caches evicted for capacity.", []string{"model"}, nil)
+	descInFlight  = prometheus.NewDesc("kvradix_requests_in_flight", "Requests routed and not yet completed or expired (what=requests), and the blocks they count against -max-routed-blocks (what=blocks: their prompts' blocks and 4 for each).", []string{"what"}, nil)
 	descModeled   = prometheus.NewDesc("kvradix_engines_modeled", "Engines (instance and rank) registered with total_kv_blocks, whose cache the service models from its routes.", []string{"model"}, nil)
 )
 
@@ -149,7 +150,7 @@ func (m *metrics) handler() http.Handler {
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descApplied, descRejected, descIgnored, descPairs, descBytes, descDepth,
 		descGaps, descReplayed, descRestarts, descLost, descReceived, descDisconnct, descDown, descLastMsg, descBusSeq, descBusBad,
-		descRefused, descUndecod, descBadFrame, descEngines, descPredicted, descModeled, descCopies, descModelHeld, descModelEvic} {
+		descRefused, descUndecod, descBadFrame, descEngines, descPredicted, descModeled, descCopies, descModelHeld, descModelEvic, descInFlight} {
 		ch <- d
 	}
 }
@@ -166,6 +167,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
+	gauge(descInFlight, float64(len(s.routes)), "requests")
+	gauge(descInFlight, float64(s.routed), "blocks")
 	for k, idx := range s.indexes {
 		st, model := idx.pool.Stats(), k.String()
 		counter(descApplied, st.Applied, model)

@@ -83,10 +83,30 @@ type modelRouter struct {
 // route is a request in flight, in Service.routes. The scheduler keeps its
 // blocks and load; the service, which model's it is and when it expires.
 type route struct {
-	m    *modelRouter
-	pred *predictions // its model's: its lease there ends with it
-	name string       // its request_id, when not a canonical UUID (see routeKey)
-	at   int64        // its deadline, Unix ns; 0 while being admitted
+	m      *modelRouter
+	pred   *predictions // its model's: its lease there ends with it
+	name   string       // its request_id, when not a canonical UUID (see routeKey)
+	at     int64        // its deadline, Unix ns; 0 while being admitted
+	blocks int          // what it counts against Config.MaxRoutedBlocks
+}
+
+// addRoute keeps a request in flight (s.mu held), or refuses it if the
+// requests in flight would hold more than Config.MaxRoutedBlocks.
+func (s *Service) addRoute(key uuid.UUID, rt *route) error {
+	if s.routed+rt.blocks > s.cfg.MaxRoutedBlocks {
+		return fmt.Errorf("requests in flight hold %d blocks (their prompts' and %d each), at most %d: complete some, or wait for their TTL", s.routed, RouteOverheadBlocks, s.cfg.MaxRoutedBlocks)
+	}
+	s.routes[key] = rt
+	s.routed += rt.blocks
+	return nil
+}
+
+// dropRoute forgets a request in flight (s.mu held).
+func (s *Service) dropRoute(key uuid.UUID) {
+	if rt := s.routes[key]; rt != nil {
+		s.routed -= rt.blocks
+		delete(s.routes, key)
+	}
 }
 
 // end frees the request in the scheduler and its lease in the model of its
@@ -154,7 +174,7 @@ func (s *Service) syncRouter(k modelKey, idx *index) error {
 		return err
 	}
 	for _, key := range dropped {
-		delete(s.routes, key)
+		s.dropRoute(key)
 	}
 	m.workers = ws
 	return nil
@@ -244,8 +264,12 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusServiceUnavailable, fmt.Errorf("model %s:%s has no instance registered", k.model, k.tenant))
 		return
 	}
-	rt := &route{m: idx.router, pred: idx.pred, name: name}
-	s.routes[key] = rt
+	rt := &route{m: idx.router, pred: idx.pred, name: name, blocks: len(local) + RouteOverheadBlocks}
+	if err := s.addRoute(key, rt); err != nil {
+		s.mu.Unlock()
+		fail(w, http.StatusServiceUnavailable, err)
+		return
+	}
 	s.mu.Unlock()
 	seq := hashing.SequenceHashes(nil, local)
 	wk, cands, err := rt.m.admit(key, idx.blockSize, isl, seq, scores.Scores, tiers.Scores)
@@ -263,7 +287,7 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 			idx.pred.abandon(key, wk)
 		}
 	case err != nil:
-		delete(s.routes, key)
+		s.dropRoute(key)
 	default:
 		rt.at = time.Now().Add(s.cfg.RequestTTL).UnixNano()
 		s.expectExpiry(expiry{rt.at, key})
@@ -298,7 +322,7 @@ func (s *Service) release(complete bool) http.HandlerFunc {
 			return
 		}
 		if complete {
-			delete(s.routes, key)
+			s.dropRoute(key)
 		}
 		// m.mu is taken before s.mu is let go: a later route of the same
 		// id is admitted after this release.
@@ -367,7 +391,7 @@ func (s *Service) expireBy(now int64) {
 		// Another route of the key (completed and routed again) has a
 		// deadline of its own; one being admitted, none yet.
 		if rt := s.routes[e.key]; rt != nil && rt.at != 0 && now > rt.at {
-			delete(s.routes, e.key)
+			s.dropRoute(e.key)
 			rt.m.mu.Lock()
 			rt.end(e.key)
 			rt.m.mu.Unlock()

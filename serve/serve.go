@@ -79,6 +79,14 @@ type Config struct {
 	// load without being completed (10 min): a client that crashed cannot
 	// pin load for good. At least MinRequestTTL.
 	RequestTTL time.Duration
+	// MaxRoutedBlocks bounds what the requests in flight (routed, not yet
+	// completed or expired) hold together, in blocks: each counts its
+	// prompt's blocks and RouteOverheadBlocks more for itself (16M, some
+	// 2.6 GB, about 160 bytes a block; at most MaxRoutedBlocksCap). The
+	// scheduler keeps every block of a request in flight, so clients that
+	// route and never complete could otherwise make it hold any number
+	// until their TTL. A route past it is refused (503).
+	MaxRoutedBlocks int
 	// StateDir, if set, is where Close saves the registry and every index,
 	// and Recover reads them back (see Recover).
 	StateDir string
@@ -143,6 +151,13 @@ const (
 	MaxBodyCap    = 1 << 30
 	MinRequestTTL = time.Second
 	MinSaveEvery  = 10 * time.Millisecond
+	// MaxRoutedBlocksCap bounds Config.MaxRoutedBlocks: 2^28 blocks, some
+	// 40 GB of requests in flight.
+	MaxRoutedBlocksCap = 1 << 28
+	// RouteOverheadBlocks is what a request in flight counts against
+	// Config.MaxRoutedBlocks beyond its prompt's blocks: keeping one (its
+	// id, its deadline, the scheduler's entry) costs about what 4 blocks do.
+	RouteOverheadBlocks = 4
 )
 
 func (c *Config) defaults() {
@@ -162,6 +177,10 @@ func (c *Config) defaults() {
 		c.RequestTTL = 10 * time.Minute
 	}
 	c.RequestTTL = max(c.RequestTTL, MinRequestTTL)
+	if c.MaxRoutedBlocks <= 0 {
+		c.MaxRoutedBlocks = 1 << 24
+	}
+	c.MaxRoutedBlocks = min(c.MaxRoutedBlocks, MaxRoutedBlocksCap)
 	if c.SaveEvery < 0 {
 		c.SaveEvery = 0
 	}
@@ -265,6 +284,7 @@ type Service struct {
 	pending   map[instanceKey]*dial // registered, their engines being dialled
 	dialing   sync.WaitGroup        // the dials of pending instances
 	routes    map[uuid.UUID]*route  // requests in flight, by routeKey
+	routed    int                   // the blocks they hold (route.blocks summed)
 	peers     []string              // see peers.go
 	expiries  []expiry              // their deadlines, soonest first (see expire)
 	closed    bool

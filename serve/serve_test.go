@@ -637,6 +637,64 @@ func TestRoute(t *testing.T) {
 	})
 }
 
+// The requests in flight hold at most Config.MaxRoutedBlocks blocks, each
+// its prompt's and RouteOverheadBlocks: past it a route is refused (503), and completions,
+// an instance leaving and expiry give blocks back. Clients that route and
+// never complete made the scheduler keep every block until the TTL, with
+// no bound (about 150 bytes a block).
+func TestRoutedBlocksBounded(t *testing.T) {
+	svc := serve.New(serve.Config{MaxRoutedBlocks: 20, RequestTTL: serve.MinRequestTTL})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	for id := range uint64(2) {
+		if code := post(t, ts.URL+"/register", serve.Registration{InstanceID: id + 1, ModelName: "m", BlockSize: bs, TotalKVBlocks: 64}, nil); code != http.StatusCreated {
+			t.Fatalf("register: %d", code)
+		}
+	}
+	route := func(id string, blocks int) (int, string) {
+		t.Helper()
+		var e struct{ Error string }
+		code := post(t, ts.URL+"/route", serve.RouteRequest{TokenIDs: tokens(blocks*bs+1, uint32(len(id))*1000), ModelName: "m", RequestID: id}, &e)
+		return code, e.Error
+	}
+	inFlight := func() float64 { return metric(t, ts.URL, `kvradix_requests_in_flight{what="blocks"}`) }
+	for _, step := range []struct {
+		id     string
+		blocks int
+		code   int
+	}{{"a", 4, 200}, {"bb", 4, 200}, {"ccc", 4, 503}, {"d", 0, 200}, {"f", 0, 503}} { // each counts 4 more
+		if code, why := route(step.id, step.blocks); code != step.code || code == 503 && !strings.Contains(why, "at most 20") {
+			t.Fatalf("route %s of %d blocks: %d %q, want %d", step.id, step.blocks, code, why, step.code)
+		}
+	}
+	if n := inFlight(); n != 20 {
+		t.Fatalf("%v blocks in flight, want 20", n)
+	}
+	if code := post(t, ts.URL+"/requests/a/complete", []byte("{}"), nil); code != http.StatusOK {
+		t.Fatalf("complete: %d", code)
+	}
+	if code, why := route("ccc", 4); code != http.StatusOK {
+		t.Fatalf("a route after a completion: %d %q", code, why)
+	}
+	testwait.For(t, "the routes to expire, giving their blocks back", func() bool { return inFlight() == 0 })
+	if code, why := route("g", 16); code != http.StatusOK {
+		t.Fatalf("a route after the expiries: %d %q", code, why)
+	}
+	if code := post(t, ts.URL+"/unregister", serve.Unregistration{InstanceID: 1, ModelName: "m"}, nil); code != http.StatusOK {
+		t.Fatalf("unregister: %d", code)
+	}
+	if code := post(t, ts.URL+"/unregister", serve.Unregistration{InstanceID: 2, ModelName: "m"}, nil); code != http.StatusOK {
+		t.Fatalf("unregister: %d", code)
+	}
+	if code := post(t, ts.URL+"/register", serve.Registration{InstanceID: 3, ModelName: "m", BlockSize: bs, TotalKVBlocks: 64}, nil); code != http.StatusCreated {
+		t.Fatalf("register: %d", code)
+	}
+	if code, why := route("h", 16); code != http.StatusOK { // g's instance left: its blocks freed
+		t.Fatalf("a route after its instance left: %d %q", code, why)
+	}
+}
+
 // With Config.Tiers: an engine's offload (its tail stored on the CPU, then
 // removed from the GPU) shows in tier_scores, not in the device scores; a
 // route goes to the instance holding the prompt on the host rather than

@@ -223,6 +223,8 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "-index-blocks", "100000000"}, "-index-blocks"},
 		{[]string{"serve", "-max-body", "-1"}, "-max-body"},
 		{[]string{"serve", "-max-body", "99999999999"}, "-max-body"},
+		{[]string{"serve", "-max-routed-blocks", "0"}, "-max-routed-blocks"},
+		{[]string{"serve", "-max-routed-blocks", "99999999999"}, "-max-routed-blocks"},
 		{[]string{"serve", "-nats-max-age", "1h"}, "-nats-max-age without -nats"},
 		{[]string{"serve", "-nats-creds", "/x.creds", "-nats-max-bytes", "9"}, "-nats-creds, -nats-max-bytes without -nats"},
 		{[]string{"serve", "-nats", "embedded", "-nats-max-age", "1s"}, "-nats-max-age 1s"},
