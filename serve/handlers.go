@@ -829,6 +829,8 @@ func status(err error) int {
 		return http.StatusConflict
 	case errors.Is(err, ErrUnreachable):
 		return http.StatusBadGateway
+	case errors.Is(err, ErrFull), errors.Is(err, ErrClosed):
+		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError
 }

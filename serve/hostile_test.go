@@ -734,6 +734,57 @@ func TestWhatTheAPIDoesNotTake(t *testing.T) {
 	}
 }
 
+// Registrations are bounded: indexes (Config.MaxIndexes: a few MB each,
+// one per new model name a client makes up), engines
+// (Config.MaxInstances) and peers (MaxPeers); past a bound the API
+// answers 503 naming it, and what leaves makes room again.
+func TestRegistrationsBounded(t *testing.T) {
+	svc := serve.New(serve.Config{MaxIndexes: 2, MaxInstances: 3})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	register := func(model string, id uint64) (int, string) {
+		t.Helper()
+		var e struct{ Error string }
+		code := post(t, ts.URL+"/register", serve.Registration{InstanceID: id, ModelName: model, BlockSize: bs, TotalKVBlocks: 64}, &e)
+		return code, e.Error
+	}
+	for _, step := range []struct {
+		model string
+		id    uint64
+		code  int
+		says  string
+	}{
+		{"m1", 1, 201, ""},
+		{"m2", 1, 201, ""},
+		{"m3", 1, 503, "2 indexes (models and routing groups), at most 2"},
+		{"m1", 2, 201, ""},
+		{"m1", 3, 503, "3 engines (instance ranks) registered, at most 3"},
+	} {
+		if code, why := register(step.model, step.id); code != step.code || !strings.Contains(why, step.says) {
+			t.Fatalf("register %s/%d: %d %q, want %d saying %q", step.model, step.id, code, why, step.code, step.says)
+		}
+	}
+	if code := post(t, ts.URL+"/unregister", serve.Unregistration{InstanceID: 1, ModelName: "m2"}, nil); code != http.StatusOK {
+		t.Fatalf("unregister: %d", code)
+	}
+	if code, why := register("m3", 1); code != http.StatusCreated {
+		t.Fatalf("a registration after one left: %d %q", code, why)
+	}
+	for i := range serve.MaxPeers + 1 {
+		want := http.StatusCreated
+		if i == serve.MaxPeers {
+			want = http.StatusServiceUnavailable
+		}
+		if code := post(t, ts.URL+"/register_peer", serve.Peer{URL: fmt.Sprintf("http://peer%d:1", i)}, nil); code != want {
+			t.Fatalf("peer %d: %d, want %d", i, code, want)
+		}
+	}
+	if code := post(t, ts.URL+"/register_peer", serve.Peer{URL: "http://peer0:1"}, nil); code != http.StatusCreated {
+		t.Fatalf("a peer registered again: %d, want %d (kept once)", code, http.StatusCreated)
+	}
+}
+
 // Distinct (model, tenant, instance) never share a key or a label: one
 // instance id in two models made /metrics answer 500 (two series alike)
 // and the names a:b/c and a/b:c one /dump key; a name with NUL shared a

@@ -40,6 +40,9 @@ func CheckPeer(u string) error {
 	return nil
 }
 
+// MaxPeers bounds the peers a service keeps (Config.Peers, /register_peer).
+const MaxPeers = 64
+
 // RegisterPeer adds a peer (once).
 func (s *Service) RegisterPeer(u string) error {
 	if err := CheckPeer(u); err != nil {
@@ -49,6 +52,9 @@ func (s *Service) RegisterPeer(u string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !slices.Contains(s.peers, u) {
+		if len(s.peers) >= MaxPeers {
+			return fmt.Errorf("%w: %d peers, at most %d", ErrFull, len(s.peers), MaxPeers)
+		}
 		s.peers = append(s.peers, u)
 	}
 	return nil

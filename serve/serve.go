@@ -87,6 +87,14 @@ type Config struct {
 	// route and never complete could otherwise make it hold any number
 	// until their TTL. A route past it is refused (503).
 	MaxRoutedBlocks int
+	// MaxIndexes bounds the indexes (one per model and routing group) that
+	// registrations may create (256): each takes a few MB (4.6 grown, more
+	// sized by IndexBlocks) and two goroutines, so a client registering
+	// under ever new names could otherwise exhaust memory. MaxInstances
+	// bounds the engines registered, an instance's rank each (16384; about
+	// 33 KB each without events, a subscriber's goroutines and buffers with
+	// them). A registration past either is refused (503) until some leave.
+	MaxIndexes, MaxInstances int
 	// StateDir, if set, is where Close saves the registry and every index,
 	// and Recover reads them back (see Recover).
 	StateDir string
@@ -181,6 +189,12 @@ func (c *Config) defaults() {
 		c.MaxRoutedBlocks = 1 << 24
 	}
 	c.MaxRoutedBlocks = min(c.MaxRoutedBlocks, MaxRoutedBlocksCap)
+	if c.MaxIndexes <= 0 {
+		c.MaxIndexes = 256
+	}
+	if c.MaxInstances <= 0 {
+		c.MaxInstances = 1 << 14
+	}
 	if c.SaveEvery < 0 {
 		c.SaveEvery = 0
 	}
@@ -199,6 +213,10 @@ var (
 	ErrConflict     = errors.New("conflict")
 	ErrUnreachable  = errors.New("endpoint cannot be subscribed to")
 	ErrUnknownPeer  = errors.New("peer not found")
+	// ErrFull is a registration, peer or route past one of the service's
+	// bounds (503), and ErrClosed any change asked of a service closing.
+	ErrFull   = errors.New("full")
+	ErrClosed = errors.New("service closed")
 )
 
 // modelKey names one index.
@@ -513,7 +531,7 @@ func (s *Service) reserve(key instanceKey, d *dial) (ctx context.Context, idx *i
 		if created {
 			idx.close()
 		}
-		return nil, nil, false, errors.New("service closed")
+		return nil, nil, false, ErrClosed
 	}
 	ctx, d.cancel = context.WithCancel(s.ctx)
 	s.indexes[key.modelKey] = idx
@@ -627,12 +645,18 @@ func (s *Service) admissible(key instanceKey, blockSize int) (*index, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, errors.New("service closed")
+		return nil, ErrClosed
 	}
 	if _, ok := s.instances[key]; ok || s.pending[key] != nil {
 		return nil, fmt.Errorf("%w: instance %d rank %d of %s:%s is registered already", ErrConflict, key.instance, key.rank, key.model, key.tenant)
 	}
+	if n := len(s.instances) + len(s.pending); n >= s.cfg.MaxInstances {
+		return nil, fmt.Errorf("%w: %d engines (instance ranks) registered, at most %d", ErrFull, n, s.cfg.MaxInstances)
+	}
 	idx := s.indexes[key.modelKey]
+	if idx == nil && len(s.indexes) >= s.cfg.MaxIndexes {
+		return nil, fmt.Errorf("%w: %d indexes (models and routing groups), at most %d; %s:%s would be another", ErrFull, len(s.indexes), s.cfg.MaxIndexes, key.model, key.tenant)
+	}
 	if idx != nil && idx.blockSize != blockSize {
 		return nil, fmt.Errorf("%w: block_size %d, model %s:%s has %d", ErrConflict, blockSize, key.model, key.tenant, idx.blockSize)
 	}

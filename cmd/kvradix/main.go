@@ -59,6 +59,8 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	maxBody := fs.Int64("max-body", 8<<20, "the largest request body, in bytes")
 	token := fs.String("token", "", "bearer token every endpoint that changes state requires: /register, /unregister, /route, /requests/{id}/first_token and /complete (none: open)")
 	ttl := fs.Duration("ttl", 10*time.Minute, "how long a routed request counts in its instance's load without being completed")
+	maxIndexes := fs.Int("max-indexes", 256, "the most indexes (one per model and routing group) registrations may create; past it /register answers 503 (a few MB each)")
+	maxInstances := fs.Int("max-instances", 1<<14, "the most engines (instance ranks) registered at once; past it /register answers 503")
 	maxRouted := fs.Int("max-routed-blocks", 1<<24, "the most blocks the requests in flight (routed, not completed or expired) may hold together, each counting its prompt's blocks and 4 more; past it /route answers 503 (about 160 bytes a block)")
 	state := fs.String("state", "", "directory to save the registry and indexes in (on shutdown and every -save-every), and recover them from at start")
 	saveEvery := fs.Duration("save-every", time.Minute, "with -state, how often to save while serving (0: on shutdown only)")
@@ -93,6 +95,8 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 		{*indexBlocks >= 0 && *indexBlocks <= serve.MaxIndexBlocks, "index-blocks", *indexBlocks, fmt.Sprintf("0 (grow as it fills) to %d", serve.MaxIndexBlocks)},
 		{*maxBody >= serve.MinBodyBytes && *maxBody <= serve.MaxBodyCap, "max-body", *maxBody, fmt.Sprintf("%d to %d", serve.MinBodyBytes, serve.MaxBodyCap)},
 		{*ttl >= serve.MinRequestTTL, "ttl", *ttl, fmt.Sprintf("at least %v", serve.MinRequestTTL)},
+		{*maxIndexes >= 1, "max-indexes", *maxIndexes, "1 or more"},
+		{*maxInstances >= 1, "max-instances", *maxInstances, "1 or more"},
 		{*maxRouted >= 1 && *maxRouted <= serve.MaxRoutedBlocksCap, "max-routed-blocks", *maxRouted, fmt.Sprintf("1 to %d", serve.MaxRoutedBlocksCap)},
 		{*saveEvery == 0 || *saveEvery >= serve.MinSaveEvery, "save-every", *saveEvery, fmt.Sprintf("0 (on shutdown only) or at least %v", serve.MinSaveEvery)},
 		{*blockSize >= 1 && *blockSize <= serve.MaxBlockSize, "block-size", *blockSize, fmt.Sprintf("1 to %d", serve.MaxBlockSize)},
@@ -119,7 +123,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	if err := checkServing(*listen, *token, *state); err != nil {
 		return err
 	}
-	cfg := serve.Config{Lanes: *lanes, IndexBlocks: *indexBlocks, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl, MaxRoutedBlocks: *maxRouted,
+	cfg := serve.Config{Lanes: *lanes, IndexBlocks: *indexBlocks, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl, MaxRoutedBlocks: *maxRouted, MaxIndexes: *maxIndexes, MaxInstances: *maxInstances,
 		SaveEvery: *saveEvery, Tiers: *tiers, Peers: peerURLs, EventsStaleAfter: *stale, PredictTTL: *predictTTL, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
 	cfg.Subscriber.OnLoss = newLossLog(stderr, time.Second).log
 	if bc.Auth, err = natsAuth(*natsCreds, *natsTokenFile, os.Getenv(natsTokenEnv)); err != nil {
@@ -351,6 +355,9 @@ func parsePeers(s string) ([]string, error) {
 			return nil, fmt.Errorf("%s given twice", u)
 		}
 		out = append(out, u)
+	}
+	if len(out) > serve.MaxPeers {
+		return nil, fmt.Errorf("%d peers, at most %d", len(out), serve.MaxPeers)
 	}
 	return out, nil
 }

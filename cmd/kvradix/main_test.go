@@ -20,6 +20,7 @@ import (
 	"github.com/kvradix/kvradix/ingest/vllm"
 	"github.com/kvradix/kvradix/internal/leaks"
 	"github.com/kvradix/kvradix/internal/testwait"
+	"github.com/kvradix/kvradix/serve"
 )
 
 func TestMain(m *testing.M) {
@@ -200,6 +201,11 @@ func TestServeBadFlags(t *testing.T) {
 			t.Errorf("a refused flag left %s behind: something started", left[0].Name())
 		}
 	}()
+	var peers []string
+	for i := range serve.MaxPeers + 1 {
+		peers = append(peers, fmt.Sprintf("http://p%d:1", i))
+	}
+	manyPeers := strings.Join(peers, ",")
 	file := filepath.Join(t.TempDir(), "file")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -224,6 +230,9 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "-max-body", "-1"}, "-max-body"},
 		{[]string{"serve", "-max-body", "99999999999"}, "-max-body"},
 		{[]string{"serve", "-max-routed-blocks", "0"}, "-max-routed-blocks"},
+		{[]string{"serve", "-max-indexes", "0"}, "-max-indexes"},
+		{[]string{"serve", "-max-instances", "-1"}, "-max-instances"},
+		{[]string{"serve", "-peers", manyPeers}, "65 peers, at most 64"},
 		{[]string{"serve", "-max-routed-blocks", "99999999999"}, "-max-routed-blocks"},
 		{[]string{"serve", "-nats-max-age", "1h"}, "-nats-max-age without -nats"},
 		{[]string{"serve", "-nats-creds", "/x.creds", "-nats-max-bytes", "9"}, "-nats-creds, -nats-max-bytes without -nats"},
