@@ -123,6 +123,9 @@ func (s *Service) recoverFromPeer(ctx context.Context, peer string) (int, error)
 		if built[k] != nil {
 			return nil, fmt.Errorf("index %s twice", name)
 		}
+		if len(built) >= s.cfg.MaxIndexes {
+			return nil, fmt.Errorf("%w: index %s: more than %d indexes", ErrFull, name, s.cfg.MaxIndexes)
+		}
 		idx, err := s.createIndex(k, blockSize)
 		if err != nil {
 			return nil, err

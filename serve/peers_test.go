@@ -81,6 +81,17 @@ func TestRecoverFromPeers(t *testing.T) {
 	if get(t, tsC.URL+"/dump", &dump); len(dump) != 0 {
 		t.Fatalf("a failed recovery left %v", dump)
 	}
+
+	// A peer's dump makes no more indexes than the service may hold.
+	many := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte(`{"m1:default": {"block_size": 16, "events": []}, "m2:default": {"block_size": 16, "events": []}, "m3:default": {"block_size": 16, "events": []}}`))
+	}))
+	defer many.Close()
+	d := serve.New(serve.Config{Peers: []string{many.URL}, MaxIndexes: 2})
+	defer d.Close()
+	if rec, err = d.Recover(); err != nil || rec.Peer != "" || len(rec.Failed) != 1 || !strings.Contains(rec.Failed[0], "more than 2 indexes") {
+		t.Fatalf("a dump of 3 indexes into a service of 2: %+v (%v)", rec, err)
+	}
 }
 
 // Peers are registered, listed and deregistered over HTTP, as Dynamo's
