@@ -88,7 +88,7 @@ type Config struct {
 	// until their TTL. A route past it is refused (503).
 	MaxRoutedBlocks int
 	// MaxIndexes bounds the indexes (one per model and routing group) that
-	// registrations may create (256): each takes a few MB (4.6 grown, more
+	// registrations may create (256): each takes a few MB (2.3 grown, more
 	// sized by IndexBlocks) and two goroutines, so a client registering
 	// under ever new names could otherwise exhaust memory. MaxInstances
 	// bounds the engines registered, an instance's rank each (16384; about

@@ -32,7 +32,7 @@ type Pool struct {
 	h      *hasher
 	tree   radix.ConcurrentIndex
 	tiers  radix.TierIndex // the tree, if it keeps tiers (NewPoolTiers)
-	lanes  []chan msg
+	lanes  []chan laneMsg
 	state  []laneState
 	gate   gate
 	closed atomic.Bool
@@ -69,12 +69,12 @@ func NewPoolOver(lanes, blockSize int, idx radix.ConcurrentIndex) *Pool {
 	p := &Pool{
 		h:     newHasher(blockSize),
 		tree:  idx,
-		lanes: make([]chan msg, lanes),
+		lanes: make([]chan laneMsg, lanes),
 		state: make([]laneState, lanes),
 	}
 	p.gate.open()
 	for i := range p.lanes {
-		p.lanes[i] = make(chan msg, QueueSize)
+		p.lanes[i] = make(chan laneMsg, QueueSize)
 		p.wg.Add(1)
 		go p.run(p.lanes[i], &p.state[i])
 	}
@@ -146,15 +146,25 @@ func (p *Pool) BlockSize() int { return p.h.blockSize }
 // Size; Dump once the pool is flushed and idle).
 func (p *Pool) Index() radix.ConcurrentIndex { return p.tree }
 
+// laneMsg is a message to a pool's lane: an event, the removal of a
+// worker (ev.WorkerID) or a flush (reply). It is 64 bytes where Single's
+// msg is 136: each lane's queue holds QueueSize of them, made with the
+// pool, most of an empty index's heap.
+type laneMsg struct {
+	kind  msgKind
+	ev    kvevent.RouterEvent
+	reply chan result
+}
+
 // lane returns the queue of a worker id, and its state.
-func (p *Pool) lane(id kvevent.WorkerID) (chan msg, *laneState) {
+func (p *Pool) lane(id kvevent.WorkerID) (chan laneMsg, *laneState) {
 	i := uint64(id) % uint64(len(p.lanes))
 	return p.lanes[i], &p.state[i]
 }
 
-func (p *Pool) run(ch chan msg, st *laneState) {
+func (p *Pool) run(ch chan laneMsg, st *laneState) {
 	defer p.wg.Done()
-	batch := make([]msg, 0, MaxBatch)
+	batch := make([]laneMsg, 0, MaxBatch)
 	evs, errs := make([]kvevent.RouterEvent, 0, MaxBatch), make([]error, MaxBatch)
 	for open := true; open; {
 		m, ok := <-ch
@@ -185,13 +195,13 @@ func (p *Pool) run(ch chan msg, st *laneState) {
 				st.done.Add(int64(n))
 				i += n - 1
 			case msgRemove:
-				p.tree.RemoveWorker(m.id)
+				p.tree.RemoveWorker(m.ev.WorkerID)
 				p.c.removedWorkers.Add(1)
 				st.done.Add(1)
 			case msgFlush:
 				m.reply <- result{n: int(st.applied.Swap(0))}
 			}
-			*m = msg{} // drop references for the GC
+			*m = laneMsg{} // drop references for the GC
 		}
 	}
 }
@@ -199,7 +209,7 @@ func (p *Pool) run(ch chan msg, st *laneState) {
 // applyEvents applies the events at the head of ms, up to the first message
 // of another kind, in one ApplyBatch, counts them, clears their messages
 // and returns how many there were.
-func (p *Pool) applyEvents(ms []msg, evs *[]kvevent.RouterEvent, errs *[]error) int {
+func (p *Pool) applyEvents(ms []laneMsg, evs *[]kvevent.RouterEvent, errs *[]error) int {
 	n := 0
 	for n < len(ms) && ms[n].kind == msgEvent {
 		n++
@@ -211,7 +221,7 @@ func (p *Pool) applyEvents(ms []msg, evs *[]kvevent.RouterEvent, errs *[]error) 
 	p.tree.ApplyBatch(es, *errs)
 	for i := range n {
 		p.c.done(es[i], (*errs)[i])
-		ms[i], (*errs)[i] = msg{}, nil
+		ms[i], (*errs)[i] = laneMsg{}, nil
 	}
 	clear(es) // drop references for the GC
 	*evs = es[:0]
@@ -230,7 +240,7 @@ func (p *Pool) ApplyEvent(ev kvevent.RouterEvent) error {
 	}
 	ch, st := p.lane(ev.WorkerID)
 	st.sent.Add(1)
-	ch <- msg{kind: msgEvent, ev: ev}
+	ch <- laneMsg{kind: msgEvent, ev: ev}
 	p.c.queued.Add(1)
 	storeMax(&p.c.maxDepth, int64(len(ch)))
 	return nil
@@ -286,7 +296,7 @@ func (p *Pool) RemoveWorker(id kvevent.WorkerID) error {
 	defer p.gate.leave()
 	ch, st := p.lane(id)
 	st.sent.Add(1)
-	ch <- msg{kind: msgRemove, id: id}
+	ch <- laneMsg{kind: msgRemove, ev: kvevent.RouterEvent{WorkerID: id}}
 	return nil
 }
 
@@ -308,7 +318,7 @@ func (p *Pool) Flush() (int, error) {
 		if reply == nil {
 			reply = make(chan result, len(p.lanes))
 		}
-		ch <- msg{kind: msgFlush, reply: reply}
+		ch <- laneMsg{kind: msgFlush, reply: reply}
 		waiting++
 	}
 	p.gate.leave()
