@@ -657,11 +657,33 @@ func (s *Service) dump(w http.ResponseWriter, r *http.Request) {
 	if len(stale) > 0 {
 		w.Header().Set("X-Kvradix-Stale", strings.Join(stale, ","))
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	if _, err := spill.Seek(0, io.SeekStart); err == nil {
-		_, _ = io.Copy(w, spill)
+	size, err := spill.Seek(0, io.SeekCurrent)
+	if err == nil {
+		_, err = spill.Seek(0, io.SeekStart)
 	}
+	if err != nil {
+		fail(w, http.StatusInternalServerError, fmt.Errorf("dump: %w", err))
+		return
+	}
+	// The server's write timeout ran from the request's arrival, through
+	// the spill's making: a dump too big to be written within it was cut
+	// midway. It is given its own time instead, at dumpRate.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(dumpWriteTime(size)))
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.Copy(w, spill)
+}
+
+// A dump is given dumpGrace, and a second more for each dumpRate bytes,
+// to be written: a peer reading slower is cut, and frees the dump's slot.
+const (
+	dumpGrace = 30 * time.Second
+	dumpRate  = 1 << 20
+)
+
+func dumpWriteTime(size int64) time.Duration {
+	return dumpGrace + time.Duration(size/dumpRate)*time.Second
 }
 
 // writeIndexJSON writes "<model>:<tenant>": {"block_size": N, "events":

@@ -6,7 +6,10 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kvradix/kvradix/kvevent"
+	"github.com/kvradix/kvradix/radix/holdings"
 	"github.com/kvradix/kvradix/serve"
 )
 
@@ -91,6 +94,43 @@ func TestRecoverFromPeers(t *testing.T) {
 	defer d.Close()
 	if rec, err = d.Recover(); err != nil || rec.Peer != "" || len(rec.Failed) != 1 || !strings.Contains(rec.Failed[0], "more than 2 indexes") {
 		t.Fatalf("a dump of 3 indexes into a service of 2: %+v (%v)", rec, err)
+	}
+}
+
+// A dump is written whole however long it takes past the server's write
+// timeout, which ran from the request's arrival through the dump's making:
+// big dumps were cut midway, and a peer recovering from one failed.
+func TestDumpOutlivesWriteTimeout(t *testing.T) {
+	const events, chain = 500, 500 // a quarter of a million pairs
+	want := holdings.Set{}
+	body := []byte(`{"m:default":{"block_size":16,"events":[`)
+	for i := range events {
+		st := kvevent.Stored{Blocks: make([]kvevent.StoredBlock, chain)}
+		for j := range st.Blocks {
+			h := uint64(i*chain + j + 1)
+			st.Blocks[j] = kvevent.StoredBlock{BlockHash: h, TokensHash: h}
+		}
+		ev := kvevent.RouterEvent{WorkerID: 1, Event: kvevent.Event{ID: uint64(i), Data: st}}
+		_ = want.Apply(ev)
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = ev.AppendJSON(body)
+	}
+	body = append(body, "]}}"...)
+	peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write(body) }))
+	defer peer.Close()
+	svc := serve.New(serve.Config{Peers: []string{peer.URL}})
+	defer svc.Close()
+	if rec, err := svc.Recover(); err != nil || rec.PeerEvents != events {
+		t.Fatalf("recovered %+v (%v)", rec, err)
+	}
+	ts := httptest.NewUnstartedServer(svc.Handler())
+	ts.Config.WriteTimeout = 10 * time.Millisecond // less than making this dump takes
+	ts.Start()
+	defer ts.Close()
+	if d := dumpHoldings(t, ts.URL).Diff(want); d != "" {
+		t.Fatalf("the dump differs from what the peer gave: %s", d)
 	}
 }
 
