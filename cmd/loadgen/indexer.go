@@ -177,16 +177,11 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	if c.repeat > 1 {
 		return runRepeated(args, c.repeat, c.out, stdout, stderr, intr)
 	}
-	cpuProfile, err := createProfile(c.cpuprofile)
+	prof, err := createProfiles(c.cpuprofile, c.memprofile)
 	if err != nil {
 		return err
 	}
-	defer cpuProfile.close()
-	memProfile, err := createProfile(c.memprofile)
-	if err != nil {
-		return err
-	}
-	defer memProfile.close()
+	defer prof.close()
 	progress := c.progress(stderr)
 	cp, err := c.buildCorpus(progress)
 	if err != nil {
@@ -202,7 +197,7 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 	if c.churn {
 		return runChurn(stdout, cp, impls, c.window, c.out.format == "json", intr, progress)
 	}
-	stopProfile, err := cpuProfile.startCPU()
+	stopProfile, err := prof.cpu.startCPU()
 	if err != nil {
 		return err
 	}
@@ -216,7 +211,7 @@ func runIndexer(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) 
 		}
 	}
 	stopProfile()
-	if err := memProfile.writeHeap(); err != nil {
+	if err := prof.mem.writeHeap(); err != nil {
 		return err
 	}
 	prov := openloop.NewProvenance(c.corpus, c.corpusFile)

@@ -180,16 +180,11 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	if err := c.validate(); err != nil {
 		return err
 	}
-	cpuProfile, err := createProfile(c.cpuprofile)
+	prof, err := createProfiles(c.cpuprofile, c.memprofile)
 	if err != nil {
 		return err
 	}
-	defer cpuProfile.close()
-	memProfile, err := createProfile(c.memprofile)
-	if err != nil {
-		return err
-	}
-	defer memProfile.close()
+	defer prof.close()
 	intr, release := watch(stop)
 	defer release()
 	engs, err := c.startEngines(intr)
@@ -224,7 +219,7 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	}
 	defer sub.Close()
 	run := &ingestRun{c: &c, engs: engs, sub: sub, intr: intr}
-	stopProfile, err := cpuProfile.startCPU()
+	stopProfile, err := prof.cpu.startCPU()
 	if err != nil {
 		return err
 	}
@@ -236,7 +231,7 @@ func runIngest(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 		return err
 	}
 	stopProfile()
-	if err := memProfile.writeHeap(); err != nil {
+	if err := prof.mem.writeHeap(); err != nil {
 		return err
 	}
 	res := c.result(run, pool, time.Since(start), decodeNs)

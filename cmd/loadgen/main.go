@@ -209,6 +209,28 @@ type profile struct {
 	written bool
 }
 
+// profiles are a run's CPU and heap profiles (nil where not asked for).
+type profiles struct{ cpu, mem *profile }
+
+// createProfiles creates the profiles asked for ("" for none), or none.
+func createProfiles(cpu, mem string) (profiles, error) {
+	var p profiles
+	var err error
+	if p.cpu, err = createProfile(cpu); err != nil {
+		return profiles{}, err
+	}
+	if p.mem, err = createProfile(mem); err != nil {
+		p.cpu.close()
+		return profiles{}, err
+	}
+	return p, nil
+}
+
+func (p profiles) close() {
+	p.cpu.close()
+	p.mem.close()
+}
+
 func createProfile(path string) (*profile, error) {
 	if path == "" {
 		return nil, nil

@@ -108,11 +108,11 @@ func runReplay(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	if err := errors.Join(c.sim.Validate(), c.out.validate()); err != nil {
 		return err
 	}
-	cpuProfile, err := createProfile(c.cpuprof)
+	prof, err := createProfiles(c.cpuprof, "")
 	if err != nil {
 		return err
 	}
-	defer cpuProfile.close()
+	defer prof.close()
 	intr, release := watch(stop)
 	defer release()
 	reqs, traceName, err := c.work.load()
@@ -125,7 +125,7 @@ func runReplay(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) e
 	}
 	ctx, cancel := intr.context()
 	defer cancel()
-	stopProfile, err := cpuProfile.startCPU()
+	stopProfile, err := prof.cpu.startCPU()
 	if err != nil {
 		return err
 	}

@@ -114,11 +114,11 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 			return fmt.Errorf("-url: %w", err)
 		}
 	}
-	cpuProfile, err := createProfile(c.cpuprof)
+	prof, err := createProfiles(c.cpuprof, "")
 	if err != nil {
 		return err
 	}
-	defer cpuProfile.close()
+	defer prof.close()
 	reqs, name, err := c.work.load()
 	if err != nil {
 		return err
@@ -156,7 +156,7 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	if err != nil {
 		return err
 	}
-	stopProfile, err := cpuProfile.startCPU()
+	stopProfile, err := prof.cpu.startCPU()
 	if err != nil {
 		return err
 	}
