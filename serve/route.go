@@ -94,7 +94,7 @@ type route struct {
 // requests in flight would hold more than Config.MaxRoutedBlocks.
 func (s *Service) addRoute(key uuid.UUID, rt *route) error {
 	if s.routed+rt.blocks > s.cfg.MaxRoutedBlocks {
-		return fmt.Errorf("requests in flight hold %d blocks (their prompts' and %d each), at most %d: complete some, or wait for their TTL", s.routed, RouteOverheadBlocks, s.cfg.MaxRoutedBlocks)
+		return fmt.Errorf("%w: requests in flight hold %d blocks (their prompts' and %d each), at most %d: complete some, or wait for their TTL", ErrFull, s.routed, RouteOverheadBlocks, s.cfg.MaxRoutedBlocks)
 	}
 	s.routes[key] = rt
 	s.routed += rt.blocks
@@ -267,7 +267,7 @@ func (s *Service) route(w http.ResponseWriter, r *http.Request) {
 	rt := &route{m: idx.router, pred: idx.pred, name: name, blocks: len(local) + RouteOverheadBlocks}
 	if err := s.addRoute(key, rt); err != nil {
 		s.mu.Unlock()
-		fail(w, http.StatusServiceUnavailable, err)
+		fail(w, status(err), err)
 		return
 	}
 	s.mu.Unlock()
