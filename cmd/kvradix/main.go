@@ -339,7 +339,6 @@ func helpAsked(args []string) bool {
 	return false
 }
 
-// splitList splits a comma list, dropping empty items.
 // parsePeers reads -peers: URLs separated by commas, each once.
 func parsePeers(s string) ([]string, error) {
 	if s == "" {
