@@ -167,7 +167,15 @@ type Recovered struct {
 // no error. A state that does not check out whole (unreadable, corrupt,
 // truncated, another version, a snapshot of another block size) is refused
 // with an error saying why, and the service stays empty.
-func (s *Service) Recover() (Recovered, error) {
+//
+// A service with no saved state to recover restores its indexes from its
+// peers instead (Config.Peers); Close, or the end of ctx (RecoverContext),
+// abandons that: the service stays empty, the failure listed.
+func (s *Service) Recover() (Recovered, error) { return s.RecoverContext(context.Background()) }
+
+// RecoverContext is Recover, the recovery from peers abandoned when ctx
+// ends (a peer may take minutes to answer, or never).
+func (s *Service) RecoverContext(ctx context.Context) (Recovered, error) {
 	defer s.recovering.Store(false)
 	rec, err := s.recoverState()
 	if err != nil || rec.Indexes > 0 || len(s.Peers()) == 0 {
@@ -177,7 +185,10 @@ func (s *Service) Recover() (Recovered, error) {
 		rec.Failed = append(rec.Failed, "peers: not on a bus (the bus is the replication)")
 		return rec, nil
 	}
-	peer, n, perr := s.recoverFromPeers(s.ctx)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.ctx, cancel)()
+	peer, n, perr := s.recoverFromPeers(ctx)
 	if perr != nil {
 		rec.Failed = append(rec.Failed, fmt.Sprintf("recovery from peers: %v", perr))
 		return rec, nil

@@ -141,19 +141,9 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 			err = errors.Join(err, fmt.Errorf("closing (state may be lost): %w", cerr))
 		}
 	}()
-	switch rec, err := svc.Recover(); {
-	case err != nil:
-		fmt.Fprintf(stdout, "kvradix: the saved state was refused, starting empty: %v\n", err)
-	default:
-		if rec.Indexes > 0 || rec.Instances > 0 {
-			fmt.Fprintf(stdout, "kvradix: recovered %d indexes (%d pairs) and %d engines, resuming where they stood\n", rec.Indexes, rec.Pairs, rec.Instances)
-		}
-		if rec.Peer != "" {
-			fmt.Fprintf(stdout, "kvradix: restored the indexes from peer %s (%d events)\n", rec.Peer, rec.PeerEvents)
-		}
-		for _, f := range rec.Failed {
-			fmt.Fprintf(stdout, "kvradix: not recovered: %s\n", f)
-		}
+	if recoverService(svc, stop, stdout) {
+		fmt.Fprintln(stdout, "kvradix: stopped while recovering")
+		return nil
 	}
 	for _, r := range regs {
 		if err := svc.Register(r); err != nil {
@@ -337,6 +327,42 @@ func helpAsked(args []string) bool {
 		}
 	}
 	return false
+}
+
+// recoverService recovers the service's state, or its indexes from its
+// peers, and says what came back. A stop signal meanwhile abandons the
+// recovery (a peer may take minutes to answer, or never), and it reports
+// that one came.
+func recoverService(svc *serve.Service, stop <-chan os.Signal, stdout io.Writer) (stopped bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-stop:
+			stopped = true
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	rec, err := svc.RecoverContext(ctx)
+	cancel()
+	<-watched
+	switch {
+	case err != nil:
+		fmt.Fprintf(stdout, "kvradix: the saved state was refused, starting empty: %v\n", err)
+	default:
+		if rec.Indexes > 0 || rec.Instances > 0 {
+			fmt.Fprintf(stdout, "kvradix: recovered %d indexes (%d pairs) and %d engines, resuming where they stood\n", rec.Indexes, rec.Pairs, rec.Instances)
+		}
+		if rec.Peer != "" {
+			fmt.Fprintf(stdout, "kvradix: restored the indexes from peer %s (%d events)\n", rec.Peer, rec.PeerEvents)
+		}
+		for _, f := range rec.Failed {
+			fmt.Fprintf(stdout, "kvradix: not recovered: %s\n", f)
+		}
+	}
+	return stopped
 }
 
 // parsePeers reads -peers: URLs separated by commas, each once.

@@ -190,6 +190,42 @@ func TestEmbeddedNATSLeavesNoDirectory(t *testing.T) {
 	}
 }
 
+// A stop signal while the service recovers from a peer that never answers
+// stops it: the recovery is abandoned. The service ignored SIGTERM until
+// the peer's five minutes were up, and then the next peer's.
+func TestStopWhileRecoveringFromPeers(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	asked := make(chan net.Conn, 1)
+	go func() { // a peer that takes the connection and never answers
+		if c, err := ln.Accept(); err == nil {
+			asked <- c
+		}
+	}()
+	stop := make(chan os.Signal, 1)
+	var out strings.Builder
+	done := make(chan error, 1)
+	go func() { done <- run([]string{"serve", "-listen", "127.0.0.1:0", "-peers", "http://" + ln.Addr().String()}, &out, io.Discard, stop) }()
+	select {
+	case c := <-asked:
+		defer c.Close()
+	case <-time.After(30 * time.Second):
+		t.Fatal("the peer was never asked for its dump")
+	}
+	stop <- syscall.SIGTERM
+	select {
+	case err := <-done:
+		if err != nil || !strings.Contains(out.String(), "stopped while recovering") {
+			t.Fatalf("%v, said %q", err, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("still recovering 30 s after SIGTERM")
+	}
+}
+
 // Bad flags are refused before anything starts, each naming the flag:
 // none is taken silently as its default, none panics (-ttl 1ns did), none
 // runs the service in a loop (-save-every 1ns saved 1,500 times a second).
