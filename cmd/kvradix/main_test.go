@@ -208,7 +208,9 @@ func TestStopWhileRecoveringFromPeers(t *testing.T) {
 	stop := make(chan os.Signal, 1)
 	var out strings.Builder
 	done := make(chan error, 1)
-	go func() { done <- run([]string{"serve", "-listen", "127.0.0.1:0", "-peers", "http://" + ln.Addr().String()}, &out, io.Discard, stop) }()
+	go func() {
+		done <- run([]string{"serve", "-listen", "127.0.0.1:0", "-peers", "http://" + ln.Addr().String()}, &out, io.Discard, stop)
+	}()
 	select {
 	case c := <-asked:
 		defer c.Close()
