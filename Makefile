@@ -21,12 +21,10 @@ lint:
 	$(GO) mod tidy -diff
 	$(GO) run $(STATICCHECK) $(PKGS)
 
-# A short run of every fuzz target, one at a time (go test -fuzz takes one).
+# A short run of every fuzz target, one at a time (go test -fuzz takes one);
+# see scripts/fuzz.sh for the one retry it allows.
 fuzz:
-	@set -e; for pkg in $$($(GO) list $(PKGS)); do \
-	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
-	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
-	  done; done
+	GO=$(GO) ./scripts/fuzz.sh $(FUZZTIME) $(PKGS)
 
 # The cross-package suite at -cpu 2, -count=$(COUNT), raw output into
 # results/bench.txt; the concurrent workloads run again at -cpu 1. One -cpu
