@@ -457,6 +457,15 @@ func checkEndpoint(ep string) error {
 	return nil
 }
 
+// Check refuses, as Register would, a registration that is invalid (an
+// ErrInvalid naming the field), before anything is registered.
+func (r Registration) Check() error {
+	if err := resolvePartition(&r); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	return r.check()
+}
+
 // Register subscribes to an engine's KV events into its model's index.
 // It does not wait for the engine: the registration is taken at once and
 // the engine dialled in the background, and redialled with backoff (50 ms

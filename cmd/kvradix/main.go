@@ -120,9 +120,18 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	if err != nil {
 		return fmt.Errorf("-workers: %w", err)
 	}
-	if err := checkServing(*listen, *token, *state); err != nil {
+	unlock, err := checkServing(*listen, *token, *state)
+	if err != nil {
 		return err
 	}
+	defer unlock()
+	// Listening comes first, so that a bad or taken address is refused
+	// before a recovery that may take minutes; requests wait for it.
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("-listen: %w", err)
+	}
+	defer ln.Close() // served (Serve closes it too), or never
 	cfg := serve.Config{Lanes: *lanes, IndexBlocks: *indexBlocks, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl, MaxRoutedBlocks: *maxRouted, MaxIndexes: *maxIndexes, MaxInstances: *maxInstances,
 		SaveEvery: *saveEvery, Tiers: *tiers, Peers: peerURLs, EventsStaleAfter: *stale, PredictTTL: *predictTTL, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
 	cfg.Subscriber.OnLoss = newLossLog(stderr, time.Second).log
@@ -149,10 +158,6 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 		if err := svc.Register(r); err != nil {
 			return fmt.Errorf("-workers: instance %d: %w", r.InstanceID, err)
 		}
-	}
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		return fmt.Errorf("-listen: %w", err)
 	}
 	srv := &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
@@ -278,7 +283,14 @@ func parseWorkers(s, model string, blockSize int) ([]serve.Registration, error) 
 		if !ok || err != nil || ep == "" {
 			return nil, fmt.Errorf("%q is not id=endpoint", f)
 		}
-		out = append(out, serve.Registration{InstanceID: n, Endpoint: ep, ModelName: model, BlockSize: blockSize})
+		r := serve.Registration{InstanceID: n, Endpoint: ep, ModelName: model, BlockSize: blockSize}
+		if err := r.Check(); err != nil {
+			return nil, fmt.Errorf("instance %d: %w", n, err)
+		}
+		if slices.ContainsFunc(out, func(o serve.Registration) bool { return o.InstanceID == n }) {
+			return nil, fmt.Errorf("instance %d given twice", n)
+		}
+		out = append(out, r)
 	}
 	return out, nil
 }
@@ -392,24 +404,28 @@ func parsePeers(s string) ([]string, error) {
 // default is loopback), a -token no Authorization header can carry (the
 // service would refuse every caller), and a -state that is not a
 // directory the service can write (the state would be lost at the first
-// save, or on shutdown).
-func checkServing(listen, token, state string) error {
+// save, or on shutdown) or that another service uses (see lockState). It
+// returns the release of the state's lock.
+func checkServing(listen, token, state string) (unlock func(), err error) {
 	if listen == "" {
-		return errors.New("-listen: empty; give host:port (:PORT listens on every interface)")
+		return nil, errors.New("-listen: empty; give host:port (:PORT listens on every interface)")
 	}
 	if strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r > '~' }) {
-		return errors.New("-token: holds a space, a control character or a character past ASCII, which a bearer header cannot carry")
+		return nil, errors.New("-token: holds a space, a control character or a character past ASCII, which a bearer header cannot carry")
 	}
 	if state == "" {
-		return nil
+		return func() {}, nil
 	}
 	if err := os.MkdirAll(state, 0o700); err != nil { // as the service makes it: the state holds the registry
-		return fmt.Errorf("-state: %w", err)
+		return nil, fmt.Errorf("-state: %w", err)
 	}
 	probe, err := os.CreateTemp(state, ".kvradix-probe-*")
 	if err != nil {
-		return fmt.Errorf("-state: %w", err)
+		return nil, fmt.Errorf("-state: %w", err)
 	}
 	probe.Close()
-	return os.Remove(probe.Name())
+	if err := os.Remove(probe.Name()); err != nil {
+		return nil, fmt.Errorf("-state: %w", err)
+	}
+	return lockState(state)
 }

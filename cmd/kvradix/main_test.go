@@ -190,6 +190,24 @@ func TestEmbeddedNATSLeavesNoDirectory(t *testing.T) {
 	}
 }
 
+// One -state directory serves one service at a time: a second is refused
+// at start, naming the first's pid. Two would remove each other's
+// snapshots (each save removes other generations' files) and leave a
+// state the next start refuses.
+func TestStateDirLocked(t *testing.T) {
+	dir := t.TempDir()
+	_, stop := startServe(t, "-state", dir)
+	second := make(chan os.Signal, 1)
+	second <- syscall.SIGTERM // taken by mistake: it starts and stops at once
+	err := run([]string{"serve", "-listen", "127.0.0.1:0", "-state", dir}, io.Discard, io.Discard, second)
+	if want := fmt.Sprintf("in use by another kvradix serve (pid %d)", os.Getpid()); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("a second service on the state: %v, want %q", err, want)
+	}
+	stop()
+	_, stop = startServe(t, "-state", dir) // free once the first has stopped
+	stop()
+}
+
 // A stop signal while the service recovers from a peer that never answers
 // stops it: the recovery is abandoned. The service ignored SIGTERM until
 // the peer's five minutes were up, and then the next peer's.
@@ -293,6 +311,7 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "-workers", "1=tcp://a:1 2=tcp://b:1", "-model-name", "m"}, "a space"}, // dialled forever
 		{[]string{"serve", "-workers", "1=tcp://*:5557", "-model-name", "m"}, "the engine's host"},
 		{[]string{"serve", "-workers", "1=tcp://a:70000", "-model-name", "m"}, "port"},
+		{[]string{"serve", "-workers", "1=tcp://a:1,1=tcp://b:1", "-model-name", "m"}, "instance 1 given twice"},
 	} {
 		stop := make(chan os.Signal, 1)
 		stop <- syscall.SIGTERM // a flag taken by mistake: the service starts and stops at once
