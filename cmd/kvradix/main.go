@@ -189,20 +189,25 @@ const natsTokenEnv = "KVRADIX_NATS_TOKEN"
 // checkBusFlags refuses, before anything starts, -nats-* flags without
 // -nats (which would go unheard) and stream bounds the bus would refuse.
 func checkBusFlags(fs *flag.FlagSet, bc serve.BusConfig) error {
-	if bc.URL != "" {
-		if err := bc.Validate(); err != nil {
-			return fmt.Errorf("-nats-max-age %v, -nats-max-bytes %d: %w", bc.MaxAge, bc.MaxBytes, err)
-		}
-		return nil
-	}
-	var set []string
+	var set, auth []string
 	fs.Visit(func(f *flag.Flag) {
 		if strings.HasPrefix(f.Name, "nats-") {
 			set = append(set, "-"+f.Name)
 		}
+		if f.Name == "nats-creds" || f.Name == "nats-token-file" {
+			auth = append(auth, "-"+f.Name)
+		}
 	})
-	if len(set) > 0 {
+	switch {
+	case bc.URL == "" && len(set) > 0:
 		return fmt.Errorf("%s without -nats", strings.Join(set, ", "))
+	case bc.URL == "embedded" && len(auth) > 0:
+		// The embedded server makes its own token; these were ignored.
+		return fmt.Errorf("%s with -nats embedded: the embedded server makes its own token (its directory's auth-token), for the other replicas' -nats-token-file", strings.Join(auth, ", "))
+	case bc.URL != "":
+		if err := bc.Validate(); err != nil {
+			return fmt.Errorf("-nats-max-age %v, -nats-max-bytes %d: %w", bc.MaxAge, bc.MaxBytes, err)
+		}
 	}
 	return nil
 }
@@ -384,10 +389,11 @@ func parsePeers(s string) ([]string, error) {
 	}
 	var out []string
 	for item := range strings.SplitSeq(s, ",") {
-		u := strings.TrimSuffix(strings.TrimSpace(item), "/")
-		if err := serve.CheckPeer(u); err != nil {
+		item = strings.TrimSpace(item)
+		if err := serve.CheckPeer(item); err != nil {
 			return nil, err
 		}
+		u := strings.TrimSuffix(item, "/")
 		if slices.Contains(out, u) {
 			return nil, fmt.Errorf("%s given twice", u)
 		}

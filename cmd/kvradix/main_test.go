@@ -312,6 +312,8 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "-workers", "1=tcp://*:5557", "-model-name", "m"}, "the engine's host"},
 		{[]string{"serve", "-workers", "1=tcp://a:70000", "-model-name", "m"}, "port"},
 		{[]string{"serve", "-workers", "1=tcp://a:1,1=tcp://b:1", "-model-name", "m"}, "instance 1 given twice"},
+		{[]string{"serve", "-nats", "embedded", "-nats-token-file", file}, "-nats-token-file with -nats embedded"}, // it was ignored
+		{[]string{"serve", "-peers", "http://"}, `url: "http://"`},
 	} {
 		stop := make(chan os.Signal, 1)
 		stop <- syscall.SIGTERM // a flag taken by mistake: the service starts and stops at once
