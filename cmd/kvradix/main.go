@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -126,7 +127,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	}
 	defer unlock()
 	// Listening comes first, so that a bad or taken address is refused
-	// before a recovery that may take minutes; requests wait for it.
+	// before a recovery that may take minutes.
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("-listen: %w", err)
@@ -150,6 +151,17 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 			err = errors.Join(err, fmt.Errorf("closing (state may be lost): %w", cerr))
 		}
 	}()
+	// The service answers while it recovers, which may take minutes:
+	// /health says it lives, /ready that it is recovering, reads answer
+	// what is back so far, and what would change its state waits (503).
+	var recovering atomic.Bool
+	recovering.Store(true)
+	srv := &http.Server{Handler: untilRecovered(&recovering, svc.Handler()), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	fmt.Fprintf(stdout, "kvradix: serving on http://%s\n", ln.Addr())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln); close(served) }()
+	defer shutdown(srv, served, *grace, stdout, stderr)
 	if recoverService(svc, stop, stdout) {
 		fmt.Fprintln(stdout, "kvradix: stopped while recovering")
 		return nil
@@ -159,28 +171,44 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 			return fmt.Errorf("-workers: instance %d: %w", r.InstanceID, err)
 		}
 	}
-	srv := &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
-		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
-	fmt.Fprintf(stdout, "kvradix: serving on http://%s\n", ln.Addr())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	recovering.Store(false)
+	fmt.Fprintln(stdout, "kvradix: ready")
 	select {
 	case err := <-served:
 		return err
 	case <-stop:
 	}
-	// Graceful: requests in flight finish (-shutdown-grace at most; a
-	// client still sending then is cut, which loses nothing of ours), then
-	// the subscribers and indexes close.
-	ctx, cancel := context.WithTimeout(context.Background(), *grace)
+	return nil
+}
+
+// shutdown stops serving gracefully: requests in flight finish (grace at
+// most; a client still sending then is cut, which loses nothing of ours).
+// The subscribers and indexes close after, as the service does.
+func shutdown(srv *http.Server, served <-chan error, grace time.Duration, stdout, stderr io.Writer) {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	if serr := srv.Shutdown(ctx); serr != nil {
-		fmt.Fprintf(stderr, "kvradix: connections still open after %v were cut: %v\n", *grace, serr)
+	if err := srv.Shutdown(ctx); err != nil {
+		fmt.Fprintf(stderr, "kvradix: connections still open after %v were cut: %v\n", grace, err)
 		srv.Close()
 	}
 	<-served
 	fmt.Fprintln(stdout, "kvradix: stopped")
-	return nil
+}
+
+// untilRecovered answers 503 to a request that would change the
+// service's state while recovering is set: a registration, a route or a
+// release would race the state being restored. Queries pass.
+func untilRecovered(recovering *atomic.Bool, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if recovering.Load() && r.Method == http.MethodPost && r.URL.Path != "/query" && r.URL.Path != "/query_by_hash" {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, `{"error": "recovering the saved state: try again once /ready answers 200"}`)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // natsTokenEnv is the environment variable -nats's token may come in.

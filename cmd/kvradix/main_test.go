@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -89,12 +90,15 @@ func startServeErr(t *testing.T, args ...string) (string, func() error) {
 		w.Close()
 	}()
 	lines := bufio.NewScanner(out)
-	for lines.Scan() && !strings.Contains(lines.Text(), "serving on http://") {
+	base := ""
+	for lines.Scan() && lines.Text() != "kvradix: ready" {
+		if _, addr, ok := strings.Cut(lines.Text(), "serving on "); ok {
+			base = strings.TrimSpace(addr)
+		}
 	}
-	if !strings.Contains(lines.Text(), "serving on http://") {
-		t.Fatalf("no line says where it serves (%v)", <-done)
+	if base == "" || lines.Text() != "kvradix: ready" {
+		t.Fatalf("no line says where it serves, then that it is ready (%v)", <-done)
 	}
-	base := strings.TrimSpace(lines.Text()[strings.Index(lines.Text(), "http://"):])
 	go io.Copy(io.Discard, out)
 	return base, func() error {
 		t.Helper()
@@ -208,10 +212,13 @@ func TestStateDirLocked(t *testing.T) {
 	stop()
 }
 
-// A stop signal while the service recovers from a peer that never answers
-// stops it: the recovery is abandoned. The service ignored SIGTERM until
-// the peer's five minutes were up, and then the next peer's.
-func TestStopWhileRecoveringFromPeers(t *testing.T) {
+// While the service recovers, here from a peer that never answers, it
+// answers: /health that it lives, /ready that it is recovering, queries
+// what is back so far, and a registration 503. A stop signal then stops
+// it: the recovery is abandoned. The service used to answer nothing until
+// the recovery ended, and to ignore SIGTERM until the peer's five minutes
+// were up, and then the next peer's.
+func TestServesWhileRecoveringFromPeers(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -224,22 +231,69 @@ func TestStopWhileRecoveringFromPeers(t *testing.T) {
 		}
 	}()
 	stop := make(chan os.Signal, 1)
-	var out strings.Builder
+	out, w := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run([]string{"serve", "-listen", "127.0.0.1:0", "-peers", "http://" + ln.Addr().String()}, &out, io.Discard, stop)
+		done <- run([]string{"serve", "-listen", "127.0.0.1:0", "-peers", "http://" + ln.Addr().String()}, w, io.Discard, stop)
+		w.Close()
 	}()
+	said := make(chan string, 64)
+	go func() {
+		defer close(said)
+		for lines := bufio.NewScanner(out); lines.Scan(); {
+			said <- lines.Text()
+		}
+	}()
+	base := ""
+	for base == "" {
+		select {
+		case l := <-said:
+			if _, addr, ok := strings.Cut(l, "serving on "); ok {
+				base = strings.TrimSpace(addr)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("not serving 30 s after the start, while recovering")
+		}
+	}
 	select {
 	case c := <-asked:
 		defer c.Close()
 	case <-time.After(30 * time.Second):
 		t.Fatal("the peer was never asked for its dump")
 	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	for _, tc := range []struct {
+		method, path string
+		want         int
+		says         string
+	}{
+		{"GET", "/health", http.StatusOK, "ok"},
+		{"GET", "/ready", http.StatusServiceUnavailable, "recovering"},
+		{"POST", "/register", http.StatusServiceUnavailable, "recovering"},
+		{"POST", "/query", http.StatusUnprocessableEntity, "token_ids"}, // through to the service
+	} {
+		req, _ := http.NewRequest(tc.method, base+tc.path, strings.NewReader("{}"))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s while recovering: %v", tc.method, tc.path, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want || !strings.Contains(string(body), tc.says) {
+			t.Errorf("%s %s while recovering: %d %s, want %d saying %q", tc.method, tc.path, resp.StatusCode, body, tc.want, tc.says)
+		}
+	}
+	client.CloseIdleConnections()
 	stop <- syscall.SIGTERM
 	select {
 	case err := <-done:
-		if err != nil || !strings.Contains(out.String(), "stopped while recovering") {
-			t.Fatalf("%v, said %q", err, out.String())
+		var all []string
+		for l := range said {
+			all = append(all, l)
+		}
+		if err != nil || !slices.Contains(all, "kvradix: stopped while recovering") {
+			t.Fatalf("%v, said %q", err, all)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("still recovering 30 s after SIGTERM")
