@@ -195,12 +195,14 @@ func shutdown(srv *http.Server, served <-chan error, grace time.Duration, stdout
 	fmt.Fprintln(stdout, "kvradix: stopped")
 }
 
-// untilRecovered answers 503 to a request that would change the
-// service's state while recovering is set: a registration, a route or a
-// release would race the state being restored. Queries pass.
+// untilRecovered answers 503, while recovering is set, to a request that
+// would change the service's state (a registration, a route or a release
+// would race the state being restored) and to /dump (a peer restoring
+// from it would take a part for the whole). Queries pass.
 func untilRecovered(recovering *atomic.Bool, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if recovering.Load() && r.Method == http.MethodPost && r.URL.Path != "/query" && r.URL.Path != "/query_by_hash" {
+		change := r.Method == http.MethodPost && r.URL.Path != "/query" && r.URL.Path != "/query_by_hash"
+		if recovering.Load() && (change || r.URL.Path == "/dump") {
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Retry-After", "1")
 			w.WriteHeader(http.StatusServiceUnavailable)
