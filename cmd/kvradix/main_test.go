@@ -270,7 +270,7 @@ func TestServesWhileRecoveringFromPeers(t *testing.T) {
 		{"GET", "/health", http.StatusOK, "ok"},
 		{"GET", "/ready", http.StatusServiceUnavailable, "recovering"},
 		{"POST", "/register", http.StatusServiceUnavailable, "recovering"},
-		{"GET", "/dump", http.StatusServiceUnavailable, "recovering"}, // a peer would take a part for the whole
+		{"GET", "/dump", http.StatusServiceUnavailable, "recovering"},   // a peer would take a part for the whole
 		{"POST", "/query", http.StatusUnprocessableEntity, "token_ids"}, // through to the service
 	} {
 		req, _ := http.NewRequest(tc.method, base+tc.path, strings.NewReader("{}"))
