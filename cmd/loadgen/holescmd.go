@@ -39,7 +39,7 @@ func runHoles(args []string, stdout, stderr io.Writer) error {
 	}
 	impls, err := shardpool.ParseImpls(*compare, []int{2})
 	if err != nil {
-		return err
+		return fmt.Errorf("-compare: %w", err)
 	}
 	rep := holesReport{Config: c}
 	for _, im := range impls {

@@ -112,6 +112,7 @@ func TestIndexerBadFlags(t *testing.T) {
 		{[]string{"indexer", "-compare", "compressed,compressed"}, "twice"},
 		{[]string{"indexer", "-lanes", "2,2"}, "twice"},
 		{[]string{"replay", "-routers", "kv,kv"}, "twice"},
+		{[]string{"holes", "-compare", "pool,pool"}, "-compare: index \"pool\" given twice"},
 		{[]string{"router", "-rate", "Inf"}, "-rate"},
 		{[]string{"router", "-rate", "1e300"}, "-rate"},
 		{[]string{"router", "-rate", "0.01", "-duration", "10s"}, "offers no request"},
