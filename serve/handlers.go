@@ -205,19 +205,30 @@ func jsonOnly(h http.Handler) http.Handler {
 }
 
 // guarded requires Config.Token, if set, of the caller of an endpoint that
-// changes the service's state.
+// changes the service's state, and holds the call while the service
+// recovers (see holding).
 func (s *Service) guarded(h http.HandlerFunc) http.HandlerFunc {
-	if s.cfg.Token == "" {
-		return h
-	}
 	want := "Bearer " + s.cfg.Token
 	return func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte(want)) != 1 {
+		if s.cfg.Token != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte(want)) != 1 {
 			fail(w, http.StatusUnauthorized, errors.New("authorization: a bearer token is required"))
 			return
 		}
-		h(w, r)
+		if !s.holding(w) {
+			h(w, r)
+		}
 	}
+}
+
+// holding answers 503, with Config.HoldWhileRecovering until Recover has
+// run, and reports whether it did.
+func (s *Service) holding(w http.ResponseWriter) bool {
+	if !s.cfg.HoldWhileRecovering || !s.recovering.Load() {
+		return false
+	}
+	w.Header().Set("Retry-After", "1")
+	fail(w, http.StatusServiceUnavailable, errors.New("recovering the saved state: try again once /ready answers 200"))
+	return true
 }
 
 func (s *Service) register(w http.ResponseWriter, r *http.Request) {
@@ -609,6 +620,9 @@ func appendByInstance(b []byte, ws []kvevent.Worker, val func([]byte, kvevent.Wo
 // dumpSettle (its bus is down) is dumped as it stands and named in the
 // X-Kvradix-Stale header.
 func (s *Service) dump(w http.ResponseWriter, r *http.Request) {
+	if s.holding(w) { // a peer restoring from it would take a part for the whole
+		return
+	}
 	select {
 	case s.dumping <- struct{}{}:
 		defer func() { <-s.dumping }()

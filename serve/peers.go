@@ -33,7 +33,7 @@ func CheckPeer(u string) error {
 		return fmt.Errorf("%w: url: %q, want http(s)://host[:port][/path]", ErrInvalid, u)
 	}
 	if port := p.Port(); port != "" {
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		if n, err := strconv.Atoi(port); err != nil || !validPort(n) {
 			return fmt.Errorf("%w: url: %q: port %s, want 1 to 65535", ErrInvalid, u, port)
 		}
 	}

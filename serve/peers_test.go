@@ -1,6 +1,8 @@
 package serve_test
 
 import (
+	"context"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -131,6 +133,69 @@ func TestDumpOutlivesWriteTimeout(t *testing.T) {
 	defer ts.Close()
 	if d := dumpHoldings(t, ts.URL).Diff(want); d != "" {
 		t.Fatalf("the dump differs from what the peer gave: %s", d)
+	}
+}
+
+// With HoldWhileRecovering, until Recover has run, what would change the
+// state and /dump answer 503 while queries answer; Recover ending, here
+// abandoned by its context, lets them through. Without it (the library's
+// default), nothing is held.
+func TestHoldWhileRecovering(t *testing.T) {
+	hung, err := net.Listen("tcp", "127.0.0.1:0") // a peer that never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close()
+	peers := []string{"http://" + hung.Addr().String()}
+	reg := serve.Registration{InstanceID: 1, ModelName: "m", BlockSize: bs, TotalKVBlocks: 64}
+	status := func(ts *httptest.Server, method, path string, body any) int {
+		t.Helper()
+		if method == http.MethodPost {
+			return post(t, ts.URL+path, body, nil)
+		}
+		resp, err := http.Get(ts.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+
+	held := serve.New(serve.Config{Peers: peers, HoldWhileRecovering: true})
+	defer held.Close()
+	ts := httptest.NewServer(held.Handler())
+	defer ts.Close()
+	for _, tc := range []struct {
+		method, path string
+		body         any
+		want         int
+	}{
+		{"POST", "/register", reg, http.StatusServiceUnavailable},
+		{"POST", "/register_peer", serve.Peer{URL: "http://b:1"}, http.StatusServiceUnavailable},
+		{"POST", "/route", serve.RouteRequest{TokenIDs: tokens(bs, 1), ModelName: "m"}, http.StatusServiceUnavailable},
+		{"GET", "/dump", nil, http.StatusServiceUnavailable},
+		{"GET", "/ready", nil, http.StatusServiceUnavailable},
+		{"POST", "/query", serve.Query{TokenIDs: tokens(bs, 1), ModelName: "m"}, http.StatusNotFound}, // answered: no such model yet
+	} {
+		if got := status(ts, tc.method, tc.path, tc.body); got != tc.want {
+			t.Errorf("%s %s while recovering: %d, want %d", tc.method, tc.path, got, tc.want)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if rec, err := held.RecoverContext(ctx); err != nil || len(rec.Failed) != 1 {
+		t.Fatalf("an abandoned recovery: %+v (%v)", rec, err)
+	}
+	if got := status(ts, "POST", "/register", reg); got != http.StatusCreated {
+		t.Fatalf("a registration once recovered: %d", got)
+	}
+
+	open := serve.New(serve.Config{Peers: peers})
+	defer open.Close()
+	ts2 := httptest.NewServer(open.Handler())
+	defer ts2.Close()
+	if got := status(ts2, "POST", "/register", reg); got != http.StatusCreated {
+		t.Fatalf("a registration held without HoldWhileRecovering: %d", got)
 	}
 }
 

@@ -95,6 +95,13 @@ type Config struct {
 	// 33 KB each without events, a subscriber's goroutines and buffers with
 	// them). A registration past either is refused (503) until some leave.
 	MaxIndexes, MaxInstances int
+	// HoldWhileRecovering, for a service that serves while it recovers
+	// (StateDir or Peers set; kvradix serve), answers 503 until Recover has
+	// run to every endpoint that changes the state (a registration, a route
+	// or a release would race the state being restored) and to /dump (a
+	// peer restoring from it would take a part for the whole). Queries
+	// answer what is back so far.
+	HoldWhileRecovering bool
 	// StateDir, if set, is where Close saves the registry and every index,
 	// and Recover reads them back (see Recover).
 	StateDir string
@@ -451,11 +458,13 @@ func checkEndpoint(ep string) error {
 		return errors.New("want tcp://host:port: no host")
 	case host == "*":
 		return errors.New("host \"*\" is where the engine binds, on every interface: give the engine's host")
-	case err != nil || n < 1 || n > 65535:
+	case err != nil || !validPort(n):
 		return fmt.Errorf("port %q: want 1 to 65535", port)
 	}
 	return nil
 }
+
+func validPort(n int) bool { return n >= 1 && n <= 65535 }
 
 // Check refuses, as Register would, a registration that is invalid (an
 // ErrInvalid naming the field), before anything is registered.

@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -133,7 +132,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 		return fmt.Errorf("-listen: %w", err)
 	}
 	defer ln.Close() // served (Serve closes it too), or never
-	cfg := serve.Config{Lanes: *lanes, IndexBlocks: *indexBlocks, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl, MaxRoutedBlocks: *maxRouted, MaxIndexes: *maxIndexes, MaxInstances: *maxInstances,
+	cfg := serve.Config{Lanes: *lanes, IndexBlocks: *indexBlocks, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl, MaxRoutedBlocks: *maxRouted, MaxIndexes: *maxIndexes, MaxInstances: *maxInstances, HoldWhileRecovering: true,
 		SaveEvery: *saveEvery, Tiers: *tiers, Peers: peerURLs, EventsStaleAfter: *stale, PredictTTL: *predictTTL, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
 	cfg.Subscriber.OnLoss = newLossLog(stderr, time.Second).log
 	if bc.Auth, err = natsAuth(*natsCreds, *natsTokenFile, os.Getenv(natsTokenEnv)); err != nil {
@@ -153,10 +152,9 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	}()
 	// The service answers while it recovers, which may take minutes:
 	// /health says it lives, /ready that it is recovering, reads answer
-	// what is back so far, and what would change its state waits (503).
-	var recovering atomic.Bool
-	recovering.Store(true)
-	srv := &http.Server{Handler: untilRecovered(&recovering, svc.Handler()), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+	// what is back so far, and what would change its state waits (503,
+	// Config.HoldWhileRecovering).
+	srv := &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	fmt.Fprintf(stdout, "kvradix: serving on http://%s\n", ln.Addr())
 	served := make(chan error, 1)
@@ -171,7 +169,6 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 			return fmt.Errorf("-workers: instance %d: %w", r.InstanceID, err)
 		}
 	}
-	recovering.Store(false)
 	fmt.Fprintln(stdout, "kvradix: ready")
 	select {
 	case err := <-served:
@@ -193,24 +190,6 @@ func shutdown(srv *http.Server, served <-chan error, grace time.Duration, stdout
 	}
 	<-served
 	fmt.Fprintln(stdout, "kvradix: stopped")
-}
-
-// untilRecovered answers 503, while recovering is set, to a request that
-// would change the service's state (a registration, a route or a release
-// would race the state being restored) and to /dump (a peer restoring
-// from it would take a part for the whole). Queries pass.
-func untilRecovered(recovering *atomic.Bool, h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		change := r.Method == http.MethodPost && r.URL.Path != "/query" && r.URL.Path != "/query_by_hash"
-		if recovering.Load() && (change || r.URL.Path == "/dump") {
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("Retry-After", "1")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, `{"error": "recovering the saved state: try again once /ready answers 200"}`)
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
 }
 
 // natsTokenEnv is the environment variable -nats's token may come in.
