@@ -1,27 +1,58 @@
 #!/usr/bin/env bash
-# Concurrency scaling of the indexes and indexers at -cpu=1,2,4,8,16.
-# Usage: scripts/scaling.sh [OUTFILE]. Runs a prebuilt bench.test if
-# BENCH_BIN is set (for machines without Go), else builds one. Each -cpu
-# value runs in a process of its own: the testing package makes a
-# benchmark's first call at the -cpu list's last value (golang/go#49980),
-# which for a b.Loop benchmark is its whole figure.
+# Concurrency scaling of the indexes and indexers at -cpu=1,2,4,8,16, and
+# of the field's benchmark by pool lanes.
+# Usage: scripts/scaling.sh [OUTFILE]. Writes OUTFILE (default
+# results/scaling.txt) and, beside it, OUTFILE's name with -lanes: the
+# compressed pool on the trace at -dup 2 -length-factor 4 with
+# -lanes 1,2,4,8, 3 fresh processes each, at two windows.
+# Runs a prebuilt bench.test if BENCH_BIN is set and a prebuilt loadgen if
+# LOADGEN_BIN is (for machines without Go), else builds them.
+#
+# Each -cpu value runs in a process of its own: the testing package makes
+# a benchmark's first call at the -cpu list's last value (golang/go#49980),
+# which for a b.Loop benchmark is its whole figure. BenchmarkParallelStore
+# runs at -benchtime 2x: one iteration stores the whole trace, and a
+# shorter -benchtime keeps only the process's first store, into a cold heap.
 set -euo pipefail
 out=${1:-results/scaling.txt}
+lanesout=${out%.txt}-lanes.txt
 bin=${BENCH_BIN:-}
+lg=${LOADGEN_BIN:-}
 if [ -z "$bin" ]; then
   bin=$(mktemp -d)/bench.test
   go test -c -o "$bin" ./bench
 fi
+if [ -z "$lg" ]; then
+  lg=$(mktemp -d)/loadgen
+  go build -o "$lg" ./cmd/loadgen
+fi
 cpus=${CPUS:-1 2 4 8 16}
+header() {
+  echo "# commit: ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  echo "# $(go version 2>/dev/null || echo "go: prebuilt binaries")"
+  echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $(nproc)"
+}
 {
   echo "# kvradix concurrency scaling"
-  echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "# $(go version 2>/dev/null || echo "go: prebuilt test binary")"
-  echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $(nproc)"
-  echo "# cmd: for c in $cpus: bench.test -test.run '^\$' -test.bench 'Mixed|Parallel' -test.benchmem -test.cpu \$c -test.count ${COUNT:-5} -test.benchtime ${BENCHTIME:-200ms}"
+  header
+  echo "# cmd: for c in $cpus: bench.test -test.run '^\$' -test.bench 'Mixed|FindMatchesParallel|ApplyParallel' -test.benchmem -test.cpu \$c -test.count ${COUNT:-3} -test.benchtime 200ms"
+  echo "#      then bench.test -test.run '^\$' -test.bench ParallelStore -test.benchmem -test.cpu \$c -test.count ${STORE_COUNT:-2} -test.benchtime 2x"
   cd bench
   for c in $cpus; do
-    "$bin" -test.run '^$' -test.bench 'Mixed|Parallel' -test.benchmem \
-      -test.cpu "$c" -test.count "${COUNT:-5}" -test.benchtime "${BENCHTIME:-200ms}"
+    "$bin" -test.run '^$' -test.bench 'Mixed|FindMatchesParallel|ApplyParallel' -test.benchmem \
+      -test.cpu "$c" -test.count "${COUNT:-3}" -test.benchtime 200ms
   done
+  for c in $cpus; do
+    "$bin" -test.run '^$' -test.bench 'ParallelStore' -test.benchmem \
+      -test.cpu "$c" -test.count "${STORE_COUNT:-2}" -test.benchtime 2x
+  done
+  cd ..
 } | tee "$out"
+{
+  echo "# the field's benchmark by pool lanes"
+  header
+  for w in 1.5s 0.5s; do
+    echo "# cmd: loadgen indexer -compare compressed -dup 2 -length-factor 4 -quiet -duration $w -lanes 1,2,4,8 -repeat 3"
+    "$lg" indexer -compare compressed -dup 2 -length-factor 4 -quiet -duration "$w" -lanes 1,2,4,8 -repeat 3
+  done
+} 2>&1 | tee "$lanesout"
