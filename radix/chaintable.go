@@ -350,6 +350,27 @@ func isEntry(v uint64) bool { return v>>slotOffBits&(1<<slotIDBits-1) != 0 }
 // isPending reports whether slot value v is a pending claim.
 func isPending(v uint64) bool { return v&(1<<(slotIDBits+slotOffBits)-1) == chainPending }
 
+// isTomb reports whether slot value v is a tombstone: a release leaves the
+// tag of the hash it deleted above chainTomb (see tomb).
+func isTomb(v uint64) bool { return v&(1<<(slotIDBits+slotOffBits)-1) == chainTomb }
+
+// tomb is the tombstone a release of a hash of fingerprint fp and spare
+// bits spare leaves in s: chainTomb under the hash's tag, its fingerprint
+// with the bits that choose its home in s (see home) in place of the low
+// ones, so that hashes of one tag have one home in s. A claim takes a
+// tombstone of its own tag first (see claim).
+func (s *chainSeg) tomb(fp, spare uint64) uint64 {
+	if s.spare {
+		fp = fp&^(segSlots-1) | spare
+	}
+	return fp<<(slotIDBits+slotOffBits) | chainTomb
+}
+
+// akin reports whether a slot of fingerprint vfp may hold, or come to
+// hold, a hash of fp's tag: their fingerprints share the bits above a
+// home's (see tomb and rivalled).
+func akin(vfp, fp uint64) bool { return (vfp^fp)>>segBits == 0 }
+
 // init makes the table empty: one segment.
 func (c *chainTable) init(keyOf func(loc uint64) (uint64, bool)) {
 	c.keyOf, c.ids, c.salt, c.mult, c.nsegs = keyOf, 1<<slotIDBits, rand.Uint64(), rand.Uint64()|1, 1
@@ -567,19 +588,41 @@ func (c *chainTable) prefetch(hs []uint64) {
 // slot (-1 if none) and how many slots the probe passed to reach it. A
 // pending claim is neither h nor empty.
 func (c *chainTable) probe(s *chainSeg, h, fp, spare uint64) (loc uint64, empty, passed int, found bool) {
+	loc, empty, passed, _, found, _ = c.probeFor(s, h, fp, spare)
+	return loc, empty, passed, found
+}
+
+// probeFor is probe, with, for a claim (see claim), the first tombstone
+// of h's tag the probe passed (own, -1 if none) and whether it passed an
+// entry or a pending claim akin to h (kin).
+func (c *chainTable) probeFor(s *chainSeg, h, fp, spare uint64) (loc uint64, empty, passed, own int, found, kin bool) {
 	home := s.home(fp, spare)
+	tomb := s.tomb(fp, spare)
+	own = -1
 	for i, n := home, 0; n < len(s.slots); i, n = s.next(i, home), n+1 {
 		v := atomic.LoadUint64(&s.slots[i])
 		if v == 0 {
-			return 0, i, n, false
+			return 0, i, n, own, false, kin
 		}
-		if slotFP(v) == fp && isEntry(v) {
-			if k, ok := c.keyOf(decode(v)); ok && k == h {
-				return decode(v), -1, n, true
+		if !akin(slotFP(v), fp) {
+			continue
+		}
+		switch {
+		case v == tomb:
+			if own < 0 {
+				own = i
 			}
+		case isTomb(v):
+		case slotFP(v) == fp && isEntry(v):
+			if k, ok := c.keyOf(decode(v)); ok && k == h {
+				return decode(v), -1, n, own, true, kin
+			}
+			kin = true
+		default:
+			kin = true
 		}
 	}
-	return 0, -1, len(s.slots), false
+	return 0, -1, len(s.slots), own, false, kin
 }
 
 // tombstoned reports whether the first n slots of the probe from home
@@ -615,7 +658,7 @@ func (s *chainSeg) firstOf(home, n, want int) int {
 		if t+n-k < want {
 			return -1
 		}
-		if atomic.LoadUint64(&s.slots[i]) == chainTomb {
+		if isTomb(atomic.LoadUint64(&s.slots[i])) {
 			if t == 0 {
 				first = i
 			}
@@ -645,8 +688,15 @@ const maxTombs = 128
 // claim makes loc the block h is claimed by, unless h already claims
 // another (or loc cannot be encoded): whether loc is h's now.
 //
-// A claim takes h's probe's first empty slot, or its first tombstone where
-// the probe passes many (see reuseTombs). Claims of one hash race for
+// A claim takes the first tombstone of h's tag its probe passes (one a
+// release of h, or of a hash of its tag, left: see chainSeg.tomb), else
+// the probe's first empty slot, or its first tombstone where the probe
+// passes many (see reuseTombs). A block evicted and stored again (an
+// engine recomputing it) so takes back its hash's slot, and its probe
+// stays as short as it was; taking empty slots instead, such a hash
+// landed one slot further each time, past its own tombstones, up to
+// reuseProbe slots (BenchmarkApplyParallel took twice the time:
+// results/tombstone-tags.txt). Claims of one hash race for
 // slots, and a claim taking an empty
 // slot by compare-and-swap beats any other claim of h for it; but one
 // taking a tombstone that another claim of h passed while it was an entry
@@ -667,8 +717,10 @@ func (c *chainTable) claim(h, loc uint64) bool {
 	for wrote := false; ; {
 		s := c.segment(fp)
 		home := s.home(fp, spare)
-		got, empty, passed, found := c.probe(s, h, fp, spare)
-		tomb := s.reusable(home, passed)
+		got, empty, passed, tomb, found, kin := c.probeFor(s, h, fp, spare)
+		if tomb < 0 {
+			tomb = s.reusable(home, passed)
+		}
 		if c.hook != nil {
 			c.hook(loc, claimProbed)
 		}
@@ -690,7 +742,7 @@ func (c *chainTable) claim(h, loc uint64) bool {
 		case tomb >= 0:
 			step = c.claimTomb(s, h, fp, spare, v, tomb)
 		case atomic.CompareAndSwapUint64(&s.slots[empty], 0, v):
-			step = c.tookEmpty(s, h, fp, spare, v, empty, passed)
+			step = c.tookEmpty(s, h, fp, spare, v, empty, passed, kin)
 		default:
 			continue // another claim took the slot: probe again
 		}
@@ -739,7 +791,8 @@ const (
 // s, passed slots into h's probe: it counts the entry and grows s where
 // it is full, unless a rival shows (see rivalled) or s froze (a split may
 // not have seen the entry: claim again in the next).
-func (c *chainTable) tookEmpty(s *chainSeg, h, fp, spare, v uint64, empty, passed int) claimStep {
+// kin: the probe passed a slot akin to h (see rivalled).
+func (c *chainTable) tookEmpty(s *chainSeg, h, fp, spare, v uint64, empty, passed int, kin bool) claimStep {
 	if s.frozen.Load() {
 		return claimWrote
 	}
@@ -747,7 +800,7 @@ func (c *chainTable) tookEmpty(s *chainSeg, h, fp, spare, v uint64, empty, passe
 	if c.counted(fp) {
 		n = s.count.Add(countWeight<<32 | countWeight)
 	}
-	if passed >= reuseProbe && s.tombed.Load() {
+	if (passed >= reuseProbe || kin) && s.tombed.Load() {
 		switch c.rivalled(s, h, fp, spare, empty) {
 		case claimLost:
 			c.release(h, decode(v))
@@ -768,12 +821,18 @@ func (c *chainTable) tookEmpty(s *chainSeg, h, fp, spare, v uint64, empty, passe
 // out those of h's fingerprint pending (they wait on no claim of an
 // empty slot); claimWrote if s froze meanwhile; else claimWon.
 //
-// Most claims need not look. A claim whose empty slot is fewer than
-// reuseProbe slots into h's probe has no such rival: a claim of h probing
-// before it took the slot met the slot empty, nearer than that, and takes
-// no tombstone; one probing after met its entry. Nor has a claim in
-// a segment no release has touched (tombed, set before its first
-// tombstone): a table only ever filled (a fresh store) never looks.
+// Most claims need not look. Say a claim of h took an empty slot fewer
+// than reuseProbe slots into h's probe, its probe passing no slot akin to
+// h (see akin), and a rival of h won at a tombstone before that slot. The
+// rival checked the slot empty (see contended), so its probe met it empty,
+// fewer than reuseProbe slots in, and it took no tombstone but one of h's
+// tag. The claim's probe did not meet that tombstone (it would have taken
+// it), nor an entry or a pending claim akin to h there: so a claim of h's
+// tag took the slot since and was released. With h's home, that claim too
+// met the empty slot and took a tombstone of h's tag, which the claim's
+// probe did not meet either, and so on back: there is no such rival. Nor
+// has a claim in a segment no release has touched (tombed, set before its
+// first tombstone): a table only ever filled (a fresh store) never looks.
 func (c *chainTable) rivalled(s *chainSeg, h, fp, spare uint64, mine int) claimStep {
 	home := s.home(fp, spare)
 	for i := home; i != mine; i = s.next(i, home) {
@@ -801,14 +860,15 @@ func (c *chainTable) rivalled(s *chainSeg, h, fp, spare uint64, mine int) claimS
 // first, then the entry, unless another claim shows (see contended).
 func (c *chainTable) claimTomb(s *chainSeg, h, fp, spare, v uint64, free int) claimStep {
 	pending := fp<<(slotIDBits+slotOffBits) | chainPending
-	if !atomic.CompareAndSwapUint64(&s.slots[free], chainTomb, pending) {
+	tomb := atomic.LoadUint64(&s.slots[free])
+	if !isTomb(tomb) || !atomic.CompareAndSwapUint64(&s.slots[free], tomb, pending) {
 		return claimRetry
 	}
 	if c.hook != nil {
 		c.hook(decode(v), claimPended)
 	}
 	if s.frozen.Load() || c.contended(s, h, fp, spare, free) {
-		atomic.StoreUint64(&s.slots[free], chainTomb) // give the slot up
+		atomic.StoreUint64(&s.slots[free], tomb) // give the slot up
 		if s.frozen.Load() {
 			return claimAwait
 		}
@@ -906,7 +966,7 @@ func (c *chainTable) release(h, loc uint64) {
 			if !s.tombed.Load() {
 				s.tombed.Store(true) // before the tombstone (see rivalled)
 			}
-			if atomic.CompareAndSwapUint64(&s.slots[i], v, chainTomb) {
+			if atomic.CompareAndSwapUint64(&s.slots[i], v, s.tomb(fp, spare)) {
 				if c.counted(fp) && entries(s.count.Add(-countWeight<<32)) < s.mergeBelow() {
 					c.merge(s)
 				}

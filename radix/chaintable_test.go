@@ -630,7 +630,7 @@ func TestChainTablePurge(t *testing.T) {
 func countTombs(s *chainSeg, home, n int) int {
 	t := 0
 	for i, k := home, 0; k < n; i, k = s.next(i, home), k+1 {
-		if atomic.LoadUint64(&s.slots[i]) == chainTomb {
+		if isTomb(atomic.LoadUint64(&s.slots[i])) {
 			t++
 		}
 	}
@@ -1257,4 +1257,95 @@ func TestChainTableClaimsPendingTogether(t *testing.T) {
 		t.Fatal("both claims of h won")
 	}
 	checkOnlyClaim(t, c, h, a1)
+}
+
+// tagChain is a table whose hashes all have one home, reserved or not:
+// run 1 holds others' blocks at the start of the home's probe, run 2 one
+// block of a hash of h's tag that is not h (the same fingerprint where
+// the home is the fingerprint's; another fingerprint, of the same bits
+// above the home's, where the home is the spare bits'), and runs 3 and 4
+// one block each of h.
+func tagChain(t *testing.T, reserved bool, others int) (c *testChain, h, kin uint64) {
+	t.Helper()
+	const fp, spare = 0xABCD123, 0x456
+	hash := func(fp, low uint64) uint64 { return fibHash(fp, spare<<(64-fpBits-segBits)|low) }
+	h, kin = hash(fp, 1), hash(fp, 2)
+	if reserved {
+		kin = hash(fp^0x3F, 2)
+	}
+	c = newTestChain(4, others, func(id, off int) uint64 {
+		switch id {
+		case 1:
+			return hash(uint64(100+off)<<segBits|fp&(segSlots-1), 3)
+		case 2:
+			return kin
+		}
+		return h
+	})
+	c.mult = fibMult
+	if reserved {
+		c.reserve(64)
+	}
+	if s := c.segment(c.fingerprint(h)); s.spare != reserved || s.tomb(c.hashBits(h)) != s.tomb(c.hashBits(kin)) {
+		t.Fatalf("segment reserved %v, want %v; the two hashes' tombstones differ", s.spare, reserved)
+	}
+	for off := range others {
+		if !c.claim(c.keys[1][off], loc(1, off)) {
+			t.Fatal("claim refused")
+		}
+	}
+	return c, h, kin
+}
+
+// A hash released and claimed again takes back its slot, its own
+// tombstone, reserved segment or not: stored and evicted again and again,
+// its probe stays as long as at first. Claims that took empty slots left
+// each one a slot further, up to reuseProbe.
+func TestChainTableClaimTakesItsTombstone(t *testing.T) {
+	for _, reserved := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reserved=%v", reserved), func(t *testing.T) {
+			c, h, _ := tagChain(t, reserved, 3)
+			fp, spare := c.hashBits(h)
+			at := loc(3, 0)
+			for i := range 2 * reuseProbe {
+				if !c.claim(h, at) {
+					t.Fatalf("claim %d refused", i)
+				}
+				if _, _, passed, ok := c.probe(c.segment(fp), h, fp, spare); !ok || passed != 3 {
+					t.Fatalf("claim %d: found %v, %d slots into its probe, want 3", i, ok, passed)
+				}
+				c.release(h, at)
+				at ^= loc(3, 0) ^ loc(4, 0)
+			}
+		})
+	}
+}
+
+// A claim of h taking the empty slot past an entry akin to h (see akin),
+// whose probe ran before that entry was released, where another claim of
+// h then took its tombstone, of h's tag, and won: the first claim looks
+// back and loses, though its probe was short (rivalled).
+func TestChainTableClaimLooksBackAtKin(t *testing.T) {
+	for _, reserved := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reserved=%v", reserved), func(t *testing.T) {
+			c, h, kin := tagChain(t, reserved, 3)
+			if !c.claim(kin, loc(2, 0)) {
+				t.Fatal("claim refused")
+			}
+			b := loc(4, 0)
+			reached, release := holdClaim(c, b, claimProbed)
+			won := make(chan bool)
+			go func() { won <- c.claim(h, b) }()
+			within(t, reached, "the held claim")
+			c.release(kin, loc(2, 0)) // a tombstone of h's tag
+			if !c.claim(h, loc(3, 0)) {
+				t.Fatal("the claim taking the tombstone lost")
+			}
+			close(release)
+			if within(t, won, "the held claim") {
+				t.Fatal("both claims of h won")
+			}
+			checkOnlyClaim(t, c, h, loc(3, 0))
+		})
+	}
 }
