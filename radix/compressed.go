@@ -35,7 +35,7 @@ import (
 //
 // Runs split where paths diverge, and only there: a Stored block extends
 // its parent's run in place when the parent is the run's last block and no
-// child run already starts with that block; it continues inside the run
+// child run hangs from it; it continues inside the run
 // when the run's next block has its tokens hash; otherwise it starts (or
 // enters) a child run. So the block after position p of a run is either
 // the run's own next block or the first block of a child run, never both,

@@ -200,7 +200,11 @@ func (wk *walker) enter(r *crun, from uint32, first int, made bool) {
 // step places block i after the last one; room is how many blocks the
 // event stores from here on (this one included), so that a run created or
 // extended by the event is sized once. A run is extended up to runLimit
-// blocks; a path goes on past it in a child run.
+// blocks; a path goes on past it in a child run. A run is not extended
+// where children hang from its end either: the paths diverge there, and
+// one of them in the run would hold the run's lock (shared with every
+// path through it) for its whole store, and trim the run under it as it
+// is evicted (BenchmarkApplyParallel: results/README.md).
 func (wk *walker) step(i int, room int) {
 	key := wk.blocks[i].TokensHash
 	r, next := wk.r, wk.off+1
@@ -210,11 +214,12 @@ func (wk *walker) step(i int, room int) {
 		return
 	}
 	var c *crun
-	if next < wk.n || r.hasKidAt(wk.off) {
+	kids := r.hasKidAt(wk.off)
+	if next < wk.n || kids {
 		c = wk.t.child(r, wk.off, key)
 	}
-	if c == nil && next == wk.n && next < wk.t.runLimit {
-		// The run's end, and no child run has the block: extend the run.
+	if c == nil && next == wk.n && !kids && next < wk.t.runLimit {
+		// The run's end, and no child run hangs there: extend the run.
 		wk.push(wk.blocks[i], room)
 		wk.off = next
 		wk.s.locs[i] = pack(r, next)
