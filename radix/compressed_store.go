@@ -214,11 +214,12 @@ func (wk *walker) step(i int, room int) {
 		return
 	}
 	var c *crun
-	kids := r.hasKidAt(wk.off)
-	if next < wk.n || kids {
+	end := next == wk.n
+	kids := end && r.hasKidAt(wk.off)
+	if !end || kids {
 		c = wk.t.child(r, wk.off, key)
 	}
-	if c == nil && next == wk.n && !kids && next < wk.t.runLimit {
+	if c == nil && end && !kids && next < wk.t.runLimit {
 		// The run's end, and no child run hangs there: extend the run.
 		wk.push(wk.blocks[i], room)
 		wk.off = next

@@ -1,6 +1,7 @@
 package radix_test
 
 import (
+	"maps"
 	"testing"
 
 	"github.com/kvradix/kvradix/kvevent"
@@ -311,5 +312,41 @@ func TestCompressedCraftedFingerprints(t *testing.T) {
 	check()
 	if n := radix.ChainDirSlots(idx); n > 2 {
 		t.Fatalf("the table's directory has %d slots for entries no split parts", n)
+	}
+}
+
+// A run is not extended in place where children hang from its end: a
+// third path diverging there gets a child of its own, as the second did,
+// rather than the run, whose lock every path through it takes. Before,
+// once the path that had extended the run was evicted, the next store
+// there extended it again (2 runs, not 3).
+func TestCompressedForkKeepsRun(t *testing.T) {
+	c := radix.NewCompressedTree()
+	w := []kvevent.Worker{{ID: 1}, {ID: 2}, {ID: 3}}
+	prefix := []uint64{11, 1, 12, 2, 13, 3, 14, 4} // engine hash, tokens hash
+	steps := []kvevent.RouterEvent{
+		radixtest.Stored(w[0], -1, prefix...),
+		radixtest.Stored(w[1], -1, prefix...),
+		radixtest.Stored(w[2], -1, prefix...),
+		radixtest.Stored(w[0], 14, 15, 50), // extends the run: nothing hangs there
+		radixtest.Stored(w[1], 14, 16, 60), // a child at the run's fourth block
+		radixtest.Removed(w[0], 15),        // the run trimmed back to 4 blocks
+		radixtest.Stored(w[2], 14, 17, 70), // a child, beside the second's
+	}
+	for i, ev := range steps {
+		if err := c.Apply(ev); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+	}
+	runs, err := radix.CompressedInvariants(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runs != 3 {
+		t.Fatalf("%d runs, want 3: the shared run and a child for each of the two paths forking at its end", runs)
+	}
+	got := c.FindMatches([]uint64{1, 2, 3, 4, 70}, false).Scores
+	if want := (radixtest.Scores{w[0]: 4, w[1]: 4, w[2]: 5}); !maps.Equal(got, want) {
+		t.Fatalf("scores %v, want %v", got, want)
 	}
 }
