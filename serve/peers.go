@@ -22,7 +22,12 @@ import (
 // answers, then follows its own engines: replication without a bus. The
 // peers are Config.Peers and those POST /register_peer adds.
 
-// peerTimeout bounds one peer's dump, the whole of it.
+// peerTimeout bounds one peer's dump, the whole of it, where its length
+// is not known; a dump that says its length gets as long as the peer
+// gives itself to write it (see dumpWriteTime) if that is longer. Once it
+// answers, Config.PeerIdleTimeout bounds each wait for more. (Before its
+// answer, a peer may be writing the whole dump aside, as ours do, to
+// tell its length.)
 const peerTimeout = 5 * time.Minute
 
 // CheckPeer accepts a peer: an http or https URL with a host and no
@@ -99,23 +104,63 @@ func (s *Service) recoverFromPeers(ctx context.Context) (string, int, error) {
 // it streams, an event at a time, so that it costs the index it builds
 // and no more; a dump that fails midway leaves nothing behind.
 func (s *Service) recoverFromPeer(ctx context.Context, peer string) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, peerTimeout)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	whole := time.AfterFunc(peerTimeout, func() { cancel(fmt.Errorf("the dump not read whole in %v", peerTimeout)) })
+	defer whole.Stop()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, peer+"/dump", nil)
 	if err != nil {
 		return 0, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, causeOf(ctx, err)
 	}
 	defer resp.Body.Close()
+	idle := s.cfg.PeerIdleTimeout
+	quiet := time.AfterFunc(idle, func() { cancel(fmt.Errorf("nothing from the peer for %v midway", idle)) })
+	defer quiet.Stop()
+	if resp.ContentLength > 0 {
+		whole.Reset(max(peerTimeout, dumpWriteTime(resp.ContentLength)))
+	}
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return 0, fmt.Errorf("GET /dump: %s: %s", resp.Status, strings.TrimSpace(string(b)))
 	}
+	n, err := s.buildFromDump(&watched{r: resp.Body, t: quiet, idle: idle})
+	return n, causeOf(ctx, err)
+}
+
+// causeOf is err, or why ctx ended if it has: the peer's silence or the
+// dump's bound rather than a bare "context canceled".
+func causeOf(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w (%v)", context.Cause(ctx), err)
+	}
+	return err
+}
+
+// watched is a reader that resets t to idle at each read that brings
+// something.
+type watched struct {
+	r    io.Reader
+	t    *time.Timer
+	idle time.Duration
+}
+
+func (w *watched) Read(p []byte) (int, error) {
+	n, err := w.r.Read(p)
+	if n > 0 {
+		w.t.Reset(w.idle)
+	}
+	return n, err
+}
+
+// buildFromDump builds indexes from the dump r, and makes them the
+// service's if it reads whole; else it closes them.
+func (s *Service) buildFromDump(r io.Reader) (int, error) {
 	built := map[modelKey]*index{}
-	n, err := readDump(json.NewDecoder(resp.Body), func(name string, blockSize int) (func(kvevent.RouterEvent) error, error) {
+	n, err := readDump(json.NewDecoder(r), func(name string, blockSize int) (func(kvevent.RouterEvent) error, error) {
 		k, err := parseIndexName(name, blockSize)
 		if err != nil {
 			return nil, err

@@ -238,3 +238,36 @@ func TestPeerEndpoints(t *testing.T) {
 		}
 	}
 }
+
+// A peer that answers and then goes silent midway is abandoned once
+// PeerIdleTimeout passes without a byte, not at the dump's whole bound
+// (5 minutes), and the next peer is tried: the service restores from it.
+func TestRecoverFromStalledPeer(t *testing.T) {
+	release := make(chan struct{})
+	stalled := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"m:default": {"block_size": 16, "events": [`))
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	defer stalled.Close()
+	defer close(release)
+	whole := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte(`{"m:default": {"block_size": 16, "events": [{"worker_id": 7, "event": {"event_id": 1, "data": {"stored": {"parent_hash": null, "blocks": [{"block_hash": 11, "tokens_hash": 1}]}}}}]}}`))
+	}))
+	defer whole.Close()
+
+	s := serve.New(serve.Config{Peers: []string{stalled.URL, whole.URL}, PeerIdleTimeout: 200 * time.Millisecond})
+	defer s.Close()
+	start := time.Now()
+	rec, err := s.Recover()
+	if err != nil || rec.Peer != whole.URL || rec.PeerEvents != 1 {
+		t.Fatalf("recovered %+v (%v)", rec, err)
+	}
+	if took := time.Since(start); took > time.Minute {
+		t.Fatalf("the recovery took %v: the silent peer held it", took)
+	}
+}

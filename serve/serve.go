@@ -102,6 +102,11 @@ type Config struct {
 	// peer restoring from it would take a part for the whole). Queries
 	// answer what is back so far.
 	HoldWhileRecovering bool
+	// PeerIdleTimeout abandons a peer's dump (Peers) that stops for this
+	// long midway (30 s): a peer gone silent is left for the next in a
+	// moment, not at the dump's whole bound (5 minutes, or the peer's own
+	// time to write a dump of the length it gives, if longer).
+	PeerIdleTimeout time.Duration
 	// StateDir, if set, is where Close saves the registry and every index,
 	// and Recover reads them back (see Recover).
 	StateDir string
@@ -198,6 +203,9 @@ func (c *Config) defaults() {
 	c.MaxRoutedBlocks = min(c.MaxRoutedBlocks, MaxRoutedBlocksCap)
 	if c.MaxIndexes <= 0 {
 		c.MaxIndexes = 256
+	}
+	if c.PeerIdleTimeout <= 0 {
+		c.PeerIdleTimeout = 30 * time.Second
 	}
 	if c.MaxInstances <= 0 {
 		c.MaxInstances = 1 << 14

@@ -71,6 +71,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	natsMaxBytes := fs.Int64("nats-max-bytes", 0, "with -nats, keep each model's stream to this many bytes at most (0: no bound)")
 	grace := fs.Duration("shutdown-grace", 10*time.Second, "on SIGTERM, how long requests in flight may take before their connections are cut")
 	peers := fs.String("peers", "", "other services indexing the same engines, http://host:port,...: started empty (no -state to recover), restore the indexes from the first whose /dump answers")
+	peerIdle := fs.Duration("peer-idle-timeout", 30*time.Second, "with -peers, abandon a peer's dump that stops for this long midway, and try the next peer")
 	predictTTL := fs.Duration("predict-ttl", 0, "count every /route decision for this long beside the events, merged by max, so that a burst of requests sharing a prefix follows the first before its blocks are stored (0: off; 2s is kv_predict's)")
 	stale := fs.Duration("events-stale-after", 0, "route an engine registered with total_kv_blocks on the model of its cache while it has sent no message for this long (0: never)")
 	indexBlocks := fs.Int("index-blocks", 0, "size each model's index up front for this many blocks, the engines' KV pools summed (num_gpu_blocks, total_kv_blocks): stores into it then take about a quarter of the time they take while it grows; 8 bytes a slot of its table at a load of 0.7 and 16 bytes of heap a block, taken at the index's creation (0: grow as it fills)")
@@ -103,6 +104,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 		{*grace >= 0, "shutdown-grace", *grace, "0 or more"},
 		{*stale >= 0, "events-stale-after", *stale, "0 (never) or more"},
 		{*predictTTL >= 0, "predict-ttl", *predictTTL, "0 (off) or more"},
+		{*peerIdle > 0, "peer-idle-timeout", *peerIdle, "more than 0"},
 	} {
 		if !c.ok {
 			return fmt.Errorf("-%s %v: want %s", c.flag, c.v, c.want)
@@ -133,7 +135,7 @@ func run(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) (err er
 	}
 	defer ln.Close() // served (Serve closes it too), or never
 	cfg := serve.Config{Lanes: *lanes, IndexBlocks: *indexBlocks, MaxBodyBytes: *maxBody, Token: *token, StateDir: *state, RequestTTL: *ttl, MaxRoutedBlocks: *maxRouted, MaxIndexes: *maxIndexes, MaxInstances: *maxInstances, HoldWhileRecovering: true,
-		SaveEvery: *saveEvery, Tiers: *tiers, Peers: peerURLs, EventsStaleAfter: *stale, PredictTTL: *predictTTL, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
+		SaveEvery: *saveEvery, Tiers: *tiers, Peers: peerURLs, PeerIdleTimeout: *peerIdle, EventsStaleAfter: *stale, PredictTTL: *predictTTL, OnSaveError: func(err error) { fmt.Fprintln(stderr, "kvradix: saving the state:", err) }}
 	cfg.Subscriber.OnLoss = newLossLog(stderr, time.Second).log
 	if bc.Auth, err = natsAuth(*natsCreds, *natsTokenFile, os.Getenv(natsTokenEnv)); err != nil {
 		return err

@@ -343,6 +343,7 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "-max-routed-blocks", "0"}, "-max-routed-blocks"},
 		{[]string{"serve", "-max-indexes", "0"}, "-max-indexes"},
 		{[]string{"serve", "-max-instances", "-1"}, "-max-instances"},
+		{[]string{"serve", "-peer-idle-timeout", "0s"}, "-peer-idle-timeout"},
 		{[]string{"serve", "-peers", manyPeers}, "65 peers, at most 64"},
 		{[]string{"serve", "-max-routed-blocks", "99999999999"}, "-max-routed-blocks"},
 		{[]string{"serve", "-nats-max-age", "1h"}, "-nats-max-age without -nats"},
