@@ -204,7 +204,8 @@ func (wk *walker) enter(r *crun, from uint32, first int, made bool) {
 // where children hang from its end either: the paths diverge there, and
 // one of them in the run would hold the run's lock (shared with every
 // path through it) for its whole store, and trim the run under it as it
-// is evicted (BenchmarkApplyParallel: results/README.md).
+// is evicted (BenchmarkApplyParallel on 16 cores: results/README.md,
+// "Sixteen cores").
 func (wk *walker) step(i int, room int) {
 	key := wk.blocks[i].TokensHash
 	r, next := wk.r, wk.off+1
