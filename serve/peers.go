@@ -119,7 +119,7 @@ func (s *Service) recoverFromPeer(ctx context.Context, peer string) (int, error)
 	defer resp.Body.Close()
 	idle := s.cfg.PeerIdleTimeout
 	quiet := time.AfterFunc(idle, func() { cancel(fmt.Errorf("nothing from the peer for %v midway", idle)) })
-	defer quiet.Stop()
+	quiet.Stop() // armed by each read (watched)
 	if resp.ContentLength > 0 {
 		whole.Reset(max(peerTimeout, dumpWriteTime(resp.ContentLength)))
 	}
@@ -140,8 +140,9 @@ func causeOf(ctx context.Context, err error) error {
 	return err
 }
 
-// watched is a reader that resets t to idle at each read that brings
-// something.
+// watched is a reader whose every read arms t for idle: the time a read
+// waits on the peer is bounded, the time spent applying what it brought
+// (the index's lanes may be busy) is not.
 type watched struct {
 	r    io.Reader
 	t    *time.Timer
@@ -149,11 +150,9 @@ type watched struct {
 }
 
 func (w *watched) Read(p []byte) (int, error) {
-	n, err := w.r.Read(p)
-	if n > 0 {
-		w.t.Reset(w.idle)
-	}
-	return n, err
+	w.t.Reset(w.idle)
+	defer w.t.Stop()
+	return w.r.Read(p)
 }
 
 // buildFromDump builds indexes from the dump r, and makes them the
