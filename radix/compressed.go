@@ -84,10 +84,13 @@ import (
 //     each worker id to a lane). A worker's own state (its names of its
 //     own, the runs it holds and its size) is then touched by one
 //     goroutine only.
-//   - Writers share runs, and lock them: a store walks its path hand over
-//     hand (the next run is locked before the last is released; a run's
-//     children are found or created under its lock, top-level runs under
-//     one of rootStripes locks chosen by the first block), and updates
+//   - Writers share runs, and lock them: a store passes the leading blocks
+//     its worker already holds without a lock (they are its own: nothing
+//     of them changes), then walks the rest of its path hand over hand (a
+//     run's children are found or created under its lock, top-level runs
+//     under one of rootStripes locks chosen by the first block; the next
+//     run is locked before the last is released where it is free, and
+//     after, checking that it still lives, where it is not), and updates
 //     its holder entry in each run while holding that run's lock. Locks are
 //     taken parent before child, never the other way: a removal that
 //     empties a run releases it, then locks the parent and the run again
@@ -160,6 +163,9 @@ const (
 	// hookSettled: a removal found nothing of a run needed and unlocked it,
 	// and has not yet taken its parent's lock to delete it.
 	hookSettled
+	// hookDescend: a store found the run it goes on in locked, released
+	// the parent's lock (or the root stripe) and has not yet waited for it.
+	hookDescend
 )
 
 // at calls the test hook, if any.

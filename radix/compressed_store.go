@@ -3,6 +3,7 @@ package radix
 import (
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/puzpuzpuz/xsync/v4"
@@ -25,12 +26,13 @@ type oldName struct {
 
 // store applies a Stored event in two passes:
 //
-//  1. walk: find or create each block's place along the path, run by run
-//     under the runs' locks, make the worker hold it (one holder update
-//     per run, not per block) and name it: by its own hash if the event's
-//     hash is the block's (the common case: no table access), else by a
-//     name of the worker's own. A created block claims its hash in the
-//     table.
+//  1. walk: pass the leading blocks the worker holds already (held: no
+//     lock, nothing to change), then find or create each other block's
+//     place along the path, run by run under the runs' locks, make the
+//     worker hold it (one holder update per run, not per block) and name
+//     it: by its own hash if the event's hash is the block's (the common
+//     case: no table access), else by a name of the worker's own. A
+//     created block claims its hash in the table.
 //  2. leave the blocks whose names the event moved, last, so that the
 //     path just stored is never trimmed.
 func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
@@ -157,25 +159,17 @@ type walker struct {
 // and s.old; it returns how many blocks the worker holds that it did not.
 func (t *CompressedTree) walk(xw *xworker, parent uint64, blocks []kvevent.StoredBlock, s *storeScratch) int {
 	wk := walker{t: t, xw: xw, s: s, blocks: blocks}
-	i := 0
+	i, parent := t.held(xw, parent, blocks, s.locs)
+	if i == len(blocks) {
+		return 0
+	}
 	if parent != 0 {
 		r, off := t.unpack(parent) // held by xw, so live
 		r.mu.Lock()
-		wk.enter(r, off+1, 0, false)
-		wk.off = off
+		wk.resume(r, off, i)
 	} else {
-		key := blocks[0].TokensHash
-		root := t.rootLock(key)
-		root.Lock()
-		r := t.child(nil, 0, key)
-		made := r == nil
-		if made {
-			r = t.newRun(nil, 0, blocks[0], len(blocks))
+		for !wk.top() {
 		}
-		r.mu.Lock()
-		root.Unlock()
-		wk.enter(r, 0, 0, made)
-		s.locs[0] = pack(r, 0)
 		i = 1
 	}
 	for ; i < len(blocks); i++ {
@@ -184,6 +178,106 @@ func (t *CompressedTree) walk(xw *xworker, parent uint64, blocks []kvevent.Store
 	wk.leave()
 	wk.r.mu.Unlock()
 	return wk.joined
+}
+
+// held places, without a lock, the event's leading blocks that xw already
+// holds by their own hashes, under parent (0: the root): it returns how many
+// (their locations in locs) and the last one's location (parent if none).
+// Their walk would change nothing: the worker holds them and names them
+// so, and the walk of the rest starts from the last one, so that a store
+// of a prefix the worker holds (a whole request stored from the root, or a
+// prefix-cache hit re-reported) locks no run of it, where every walk from
+// the root used to queue on the first run's lock, shared by every request
+// (results/README.md, "Sixteen cores").
+//
+// It reads a position's blocks only where xw holds it: xw's holder entries
+// are written by this goroutine alone; a held position is below every
+// length published since it was taken (no run is trimmed below a holder's
+// position) and so below every array loaded since, written there before
+// the hold. Its claim on its own hash dates from its creation and lasts as
+// long as the block, and xw, holding it by that hash (noOwn clear), has no
+// name of its own for the hash (a name of its own given to the hash takes
+// the block's from it: name, unname). The search
+// leaves the parent's run for a child only once a block is placed: an
+// engine's event usually starts with a block it did not have, and a
+// lookup here would be one the walk makes again.
+func (t *CompressedTree) held(xw *xworker, parent uint64, blocks []kvevent.StoredBlock, locs []uint64) (int, uint64) {
+	var r *crun // nil: the root
+	var off uint32
+	var ks []uint64
+	if parent != 0 {
+		r, off = t.unpack(parent)
+		ks = r.view()
+	}
+	for i, b := range blocks {
+		switch {
+		case r != nil && int(off)+1 < len(ks) && ks[off+1] == b.TokensHash:
+			off++
+		case r != nil && i == 0:
+			return 0, parent
+		default:
+			c := t.child(r, off, b.TokensHash)
+			if c == nil {
+				return i, parent
+			}
+			r, off, ks = c, 0, c.view()
+		}
+		loc := pack(r, off)
+		if !xw.holdsOwnAt(loc, r, off) || (*r.eng.Load())[off] != b.BlockHash {
+			return i, parent
+		}
+		locs[i], parent = loc, loc
+	}
+	return len(blocks), parent
+}
+
+// top enters the top-level run of the event's first block, made if none,
+// and places the block at its first position; false if the run was
+// deleted while the walk waited for its lock.
+func (wk *walker) top() bool {
+	t, b := wk.t, wk.blocks[0]
+	root := t.rootLock(b.TokensHash)
+	root.Lock()
+	r := t.child(nil, 0, b.TokensHash)
+	made := r == nil
+	if made {
+		r = t.newRun(nil, 0, b, len(wk.blocks))
+	}
+	if !t.descend(root, r) {
+		return false
+	}
+	wk.enter(r, 0, 0, made)
+	wk.s.locs[0] = pack(r, 0)
+	return true
+}
+
+// descend takes the lock of run r, found or made under the lock up (r's
+// parent's, or its root stripe; held), and releases up. Where r is free
+// (always, if just made: none but up's holder can find it yet) that is
+// hand over hand. Where it is not, up goes first: a walk waiting there
+// would hold up every store through up's run, as the first run's lock
+// held 16 writers (results/README.md, "Sixteen cores"). It returns false,
+// unlocked, if r was deleted meanwhile: the caller looks again under up.
+func (t *CompressedTree) descend(up *sync.Mutex, r *crun) bool {
+	if r.mu.TryLock() {
+		up.Unlock()
+		return true
+	}
+	up.Unlock()
+	t.at(hookDescend)
+	r.mu.Lock()
+	if r.dead {
+		r.mu.Unlock()
+		return false
+	}
+	return true
+}
+
+// resume starts on r, locked, after position off, where the walk has
+// placed block i-1 (or where it hangs, for i = 0).
+func (wk *walker) resume(r *crun, off uint32, i int) {
+	wk.enter(r, off+1, i, false)
+	wk.off = off
 }
 
 // enter starts on r, locked, where block first will be at position from;
@@ -232,8 +326,14 @@ func (wk *walker) step(i int, room int) {
 		c = wk.t.newRun(r, wk.off, wk.blocks[i], room)
 	}
 	wk.leave()
-	c.mu.Lock()
-	r.mu.Unlock()
+	if !wk.t.descend(&r.mu, c) {
+		// Deleted while the walk waited: r is live (the worker holds its
+		// position wk.off, as the walk placed it or hangs from it).
+		r.mu.Lock()
+		wk.resume(r, wk.off, i)
+		wk.step(i, room)
+		return
+	}
 	wk.enter(c, 0, i, made)
 	wk.s.locs[i] = pack(c, 0)
 }

@@ -3,6 +3,7 @@ package radix_test
 import (
 	"maps"
 	"testing"
+	"time"
 
 	"github.com/kvradix/kvradix/kvevent"
 	"github.com/kvradix/kvradix/radix"
@@ -348,5 +349,159 @@ func TestCompressedForkKeepsRun(t *testing.T) {
 	got := c.FindMatches([]uint64{1, 2, 3, 4, 70}, false).Scores
 	if want := (radixtest.Scores{w[0]: 4, w[1]: 4, w[2]: 5}); !maps.Equal(got, want) {
 		t.Fatalf("scores %v, want %v", got, want)
+	}
+}
+
+// A store of blocks the worker already holds takes no lock on them: a
+// whole request stored again from the root, or from a parent, passes the
+// first run (locked here, with its root stripe, as a walk holds them)
+// without waiting for it. Before, every store from the root queued on the
+// first run's lock, which every request through it shares (16 writers
+// waited there 20 of 21.5 s: results/README.md, "Sixteen cores"); this
+// test then timed out.
+func TestCompressedRestoreTakesNoLock(t *testing.T) {
+	c := radix.NewCompressedTree()
+	w := kvevent.Worker{ID: 1}
+	path := []uint64{11, 1, 12, 2, 23, 30, 24, 31} // engine hash, tokens hash
+	for _, ev := range []kvevent.RouterEvent{
+		radixtest.Stored(w, -1, 11, 1, 12, 2, 13, 3, 14, 4), // the first run
+		radixtest.Stored(w, -1, path...),                    // a child run at its second block
+	} {
+		if err := c.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unlock := radix.LockTopRun(c, 1)
+	locked := true
+	defer func() {
+		if locked {
+			unlock()
+		}
+	}()
+	restores := []kvevent.RouterEvent{
+		radixtest.Stored(w, -1, path...),
+		radixtest.Stored(w, 11, path[2:]...), // from a parent, into the child run
+		radixtest.Stored(w, 23, path[6:]...), // from a parent in the child run
+		radixtest.Stored(w, -1, 11, 1, 12, 2, 13, 3),
+	}
+	done := make(chan error, 1)
+	go func() {
+		for _, ev := range restores {
+			if err := c.Apply(ev); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		unlock()
+		locked = false
+		<-done
+		t.Fatal("a store of held blocks waited 10 s on the first run's lock")
+	}
+	unlock()
+	locked = false
+	if err := c.Apply(radixtest.Stored(w, 14, 15, 5)); err != nil { // extends the run: takes its lock
+		t.Fatal(err)
+	}
+	if _, err := radix.CompressedInvariants(c); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []struct {
+		keys []uint64
+		want int
+	}{{[]uint64{1, 2, 30, 31, 9}, 4}, {[]uint64{1, 2, 3, 4, 5}, 5}} {
+		if got := c.FindMatches(q.keys, false).Scores[w]; got != uint32(q.want) {
+			t.Fatalf("%v: score %d, want %d", q.keys, got, q.want)
+		}
+	}
+	if got := c.Size(); got != 7 {
+		t.Fatalf("size %d, want 7", got)
+	}
+}
+
+// A store that finds the run it goes on in locked waits for it without
+// the parent's lock (or the root stripe), so that other stores through
+// the parent go on; and if the run is deleted meanwhile, it looks again
+// under the parent. Here w1 goes on into a run only w2 holds, locked;
+// while w1 waits, w2 leaves the run, which is deleted (the removal takes
+// the parent's lock or the root stripe: held by w1 before, this test then
+// timed out); w1 then makes the run anew.
+func TestCompressedDescendWaitsUnlocked(t *testing.T) {
+	w1, w2 := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2}
+	for _, tc := range []struct {
+		name   string
+		before []kvevent.RouterEvent
+		locked []uint64 // the path to the run locked
+		store  kvevent.RouterEvent
+		runs   int
+		query  []uint64
+		want   radixtest.Scores
+	}{{
+		name: "child",
+		before: []kvevent.RouterEvent{
+			radixtest.Stored(w1, -1, 11, 1, 12, 2, 14, 4),
+			radixtest.Stored(w2, -1, 11, 1, 12, 2, 13, 3), // a child run at the second block
+		},
+		locked: []uint64{1, 2, 3},
+		store:  radixtest.Stored(w1, 12, 13, 3),
+		runs:   2, // the first run and w1's new child
+		query:  []uint64{1, 2, 3},
+		want:   radixtest.Scores{w1: 3, w2: 2},
+	}, {
+		name:   "top",
+		before: []kvevent.RouterEvent{radixtest.Stored(w2, -1, 13, 3)},
+		locked: []uint64{3},
+		store:  radixtest.Stored(w1, -1, 13, 3),
+		runs:   1,
+		query:  []uint64{3},
+		want:   radixtest.Scores{w1: 1},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := radix.NewCompressedTree()
+			for _, ev := range tc.before {
+				if err := c.Apply(ev); err != nil {
+					t.Fatal(err)
+				}
+			}
+			unlock := radix.LockRunOf(c, tc.locked...)
+			hooked := make(chan error, 1)
+			radix.SetCompressedHook(c, func(p radix.HookPoint) {
+				if p == radix.HookDescend {
+					unlock()
+					hooked <- c.Apply(radixtest.Removed(w2, 13))
+				}
+			})
+			done := make(chan error, 1)
+			go func() { done <- c.Apply(tc.store) }()
+			select {
+			case err := <-hooked:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(10 * time.Second):
+				unlock()
+				t.Fatal("the store waited 10 s for the run with its parent's lock held")
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			runs, err := radix.CompressedInvariants(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if runs != tc.runs {
+				t.Fatalf("%d runs, want %d", runs, tc.runs)
+			}
+			if got := c.FindMatches(tc.query, false).Scores; !maps.Equal(got, tc.want) {
+				t.Fatalf("scores %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

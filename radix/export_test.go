@@ -518,11 +518,41 @@ const (
 	HookScored   = hookScored
 	HookTierStep = hookTierStep
 	HookSettled  = hookSettled
+	HookDescend  = hookDescend
 )
 
 // SetCompressedHook makes t call fn at each hook point, before any reader
 // or writer runs.
 func SetCompressedHook(t *CompressedTree, fn func(hookPoint)) { t.hook = fn }
+
+// LockTopRun locks the top-level run whose first block is key, and its
+// root stripe, as a walk from the root holds them; it returns their
+// unlock.
+func LockTopRun(t *CompressedTree, key uint64) (unlock func()) {
+	root := t.rootLock(key)
+	root.Lock()
+	r := t.child(nil, 0, key)
+	r.mu.Lock()
+	return func() {
+		r.mu.Unlock()
+		root.Unlock()
+	}
+}
+
+// LockRunOf locks the run holding the last block of the path keys (tokens
+// hashes from the root); it returns the unlock.
+func LockRunOf(t *CompressedTree, keys ...uint64) (unlock func()) {
+	r, off := t.child(nil, 0, keys[0]), uint32(0)
+	for _, k := range keys[1:] {
+		if ks := r.view(); int(off)+1 < len(ks) && ks[off+1] == k {
+			off++
+		} else {
+			r, off = t.child(r, off, k), 0
+		}
+	}
+	r.mu.Lock()
+	return r.mu.Unlock
+}
 
 // HookPoint is a place where a test may interleave events (see
 // SetCompressedHook).
