@@ -221,16 +221,19 @@ func (r *crun) extent() uint32 {
 }
 
 // settle trims r's unneeded tail, or deletes r (and settles its parents)
-// if nothing of it is needed; r is locked, and settle unlocks it.
+// if nothing of it is needed; r is locked, and settle unlocks it. A run to
+// delete is first trimmed to its first block here, under its own lock:
+// drop deletes it under its parent's too, which every store and removal
+// through the parent takes, and would hold it for a table release a block
+// (BenchmarkApplyParallel: siblings made and deleted under one run).
 func (t *CompressedTree) settle(r *crun) {
-	if e := r.extent(); e > 0 {
-		t.trim(r, e)
-		r.mu.Unlock()
-		return
-	}
+	e := r.extent()
+	t.trim(r, max(e, 1))
 	r.mu.Unlock()
-	t.at(hookSettled)
-	t.drop(r)
+	if e == 0 {
+		t.at(hookSettled)
+		t.drop(r)
+	}
 }
 
 // trim shortens r (locked) to e blocks, if longer, releasing the table's

@@ -505,3 +505,39 @@ func TestCompressedDescendWaitsUnlocked(t *testing.T) {
 		})
 	}
 }
+
+// A run to delete gives up its blocks' table entries under its own lock,
+// before drop takes its parent's, which every store and removal through
+// the parent takes: between the two (HookSettled) only its first block's
+// is left. Before, drop released them all under the parent's lock (7
+// entries here, not 4).
+func TestCompressedSettleReleasesFirst(t *testing.T) {
+	h, w := kvevent.Worker{ID: 3}, kvevent.Worker{ID: 4}
+	c := radix.NewCompressedTree()
+	for _, ev := range []kvevent.RouterEvent{
+		radixtest.Stored(h, -1, 301, 1, 302, 2, 303, 3),
+		radixtest.Stored(w, -1, 401, 1, 402, 2, 403, 7, 404, 8, 405, 9, 406, 10), // a child run [7,8,9,10]
+	} {
+		if err := c.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settled := -1
+	radix.SetCompressedHook(c, func(p radix.HookPoint) {
+		if p == radix.HookSettled {
+			settled = radix.ChainEntries(c)
+		}
+	})
+	if err := c.Apply(radixtest.Removed(w, 403, 404, 405, 406)); err != nil {
+		t.Fatal(err)
+	}
+	if settled != 4 {
+		t.Fatalf("%d entries in the table when the run was settled, want 4: h's 3 and the run's first block's", settled)
+	}
+	if got := radix.ChainEntries(c); got != 3 {
+		t.Fatalf("%d entries left, want h's 3", got)
+	}
+	if _, err := radix.CompressedInvariants(c); err != nil {
+		t.Fatal(err)
+	}
+}

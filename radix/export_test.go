@@ -418,6 +418,9 @@ func ChainTombRun(t *CompressedTree) int {
 	return most
 }
 
+// ChainEntries is the number of engine hashes the table holds.
+func ChainEntries(t *CompressedTree) int { return chainEntries(t) }
+
 func chainEntries(t *CompressedTree) int {
 	n, seen := 0, map[*chainSeg]bool{}
 	for _, s := range t.chain.dir.Load().loaded() {
