@@ -241,7 +241,7 @@ func (wk *walker) top() bool {
 	r := t.child(nil, 0, b.TokensHash)
 	made := r == nil
 	if made {
-		r = t.newRun(nil, 0, b, len(wk.blocks))
+		r = t.newRun(nil, 0, b)
 	}
 	if !t.descend(root, r) {
 		return false
@@ -292,8 +292,8 @@ func (wk *walker) enter(r *crun, from uint32, first int, made bool) {
 }
 
 // step places block i after the last one; room is how many blocks the
-// event stores from here on (this one included), so that a run created or
-// extended by the event is sized once. A run is extended up to runLimit
+// event stores from here on (this one included), so that a run the event
+// extends (or creates: its first push) is sized once. A run is extended up to runLimit
 // blocks; a path goes on past it in a child run. A run is not extended
 // where children hang from its end either: the paths diverge there, and
 // one of them in the run would hold the run's lock (shared with every
@@ -323,7 +323,7 @@ func (wk *walker) step(i int, room int) {
 	}
 	made := c == nil
 	if made {
-		c = wk.t.newRun(r, wk.off, wk.blocks[i], room)
+		c = wk.t.newRun(r, wk.off, wk.blocks[i])
 	}
 	wk.leave()
 	if !wk.t.descend(&r.mu, c) {
@@ -539,12 +539,18 @@ func (r *crun) hasKidAt(off uint32) bool {
 }
 
 // newRun creates a one-block run of block b hanging from position off of
-// parent (locked; for the root, the block's root stripe is).
-func (t *CompressedTree) newRun(parent *crun, off uint32, b kvevent.StoredBlock, room int) *crun {
+// parent (locked; for the root, the block's root stripe is). Its arrays
+// hold that block only: the walk's first push past it sizes them for the
+// rest of the event, under the new run's lock alone. Sized here, they
+// were allocated (zeroed, often in pages faulted in then) under the
+// parent's lock, shared by every path through it: a new conversation
+// under a system prompt held that run's lock 11 µs on average, most of a
+// store from the root's time under a shared lock (results/held-prefix.txt).
+func (t *CompressedTree) newRun(parent *crun, off uint32, b kvevent.StoredBlock) *crun {
 	key := b.TokensHash
 	r := &crun{parent: parent, parentOff: off, first: key, serial: t.serials.Add(1)}
-	size := min(max(room, 1), int(t.runLimit))
-	ks, eng := make([]uint64, size), make([]uint64, size)
+	both := new([2]uint64)
+	ks, eng := both[:1:1], both[1:2:2]
 	ks[0] = key
 	r.keys.Store(&ks)
 	r.eng.Store(&eng)

@@ -541,3 +541,36 @@ func TestCompressedSettleReleasesFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A run made by a store is sized once for the event's blocks, though it is
+// made with room for one (so that the parent's lock, shared, is not held
+// while its arrays are allocated): the walk's first push sizes it.
+func TestCompressedRunSizedOnce(t *testing.T) {
+	c := radix.NewCompressedTree()
+	w := kvevent.Worker{ID: 1}
+	for _, ev := range []kvevent.RouterEvent{
+		radixtest.Stored(w, -1, 11, 1, 12, 2, 13, 3, 14, 4, 15, 5), // a top-level run
+		radixtest.Stored(w, 12, 23, 30, 24, 31, 25, 32),            // a child at its second block
+		radixtest.Stored(w, 15, 26, 40),                            // the first run's end: extends it
+		radixtest.Stored(w, 13, 27, 50),                            // a child of one block
+	} {
+		if err := c.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, q := range []struct {
+		path []uint64
+		want int
+	}{
+		{[]uint64{1}, 10}, // 5, doubled by the extension
+		{[]uint64{1, 2, 30}, 3},
+		{[]uint64{1, 2, 3, 50}, 1},
+	} {
+		if got := radix.RunRoom(c, q.path...); got != q.want {
+			t.Errorf("run of %v: room for %d blocks, want %d", q.path, got, q.want)
+		}
+	}
+	if _, err := radix.CompressedInvariants(c); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -545,6 +545,18 @@ func LockTopRun(t *CompressedTree, key uint64) (unlock func()) {
 // LockRunOf locks the run holding the last block of the path keys (tokens
 // hashes from the root); it returns the unlock.
 func LockRunOf(t *CompressedTree, keys ...uint64) (unlock func()) {
+	r := runOf(t, keys)
+	r.mu.Lock()
+	return r.mu.Unlock
+}
+
+// RunRoom is the length of the arrays of the run holding the last block
+// of the path keys.
+func RunRoom(t *CompressedTree, keys ...uint64) int {
+	return len(*runOf(t, keys).keys.Load())
+}
+
+func runOf(t *CompressedTree, keys []uint64) *crun {
 	r, off := t.child(nil, 0, keys[0]), uint32(0)
 	for _, k := range keys[1:] {
 		if ks := r.view(); int(off)+1 < len(ks) && ks[off+1] == k {
@@ -553,8 +565,7 @@ func LockRunOf(t *CompressedTree, keys ...uint64) (unlock func()) {
 			r, off = t.child(r, off, k), 0
 		}
 	}
-	r.mu.Lock()
-	return r.mu.Unlock
+	return r
 }
 
 // HookPoint is a place where a test may interleave events (see
