@@ -91,7 +91,7 @@ func TestDifferential(t *testing.T) {
 
 func differential(t *testing.T, newIndex func() radix.ConcurrentIndex, tiers bool) {
 	for seed := range uint64(30) {
-		g := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, 3)), Model: radixtest.NewModel(), Tiers: tiers}
+		g := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, 3)), Model: radixtest.NewModel(), Tiers: tiers, Restores: true, ChainHashes: seed%2 == 1}
 		base, conc := radix.NewTree(), newIndex()
 		ever := &radixtest.EverHeld{}
 		stopReader := radixtest.RaceReader(t, conc, ever, seed)
@@ -320,7 +320,7 @@ func manyWriters(t *testing.T, im concurrentImpl, seed uint64) {
 			for i := range ids {
 				ids[i] = kvevent.WorkerID(g + i*writers)
 			}
-			gen := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, uint64(g))), Model: radixtest.NewModel(), IDs: ids, MaxBlocks: 40}
+			gen := &radixtest.Gen{Src: rand.New(rand.NewPCG(seed, uint64(g))), Model: radixtest.NewModel(), IDs: ids, MaxBlocks: 40, Restores: true, ChainHashes: seed%2 == 1}
 			var evs []kvevent.RouterEvent
 			var want []error
 			flush := func() bool {

@@ -41,7 +41,7 @@ func fuzzTiers(f *testing.F, newIndex func() radix.TierIndex, check func(radix.T
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		src := &radixtest.Bytes{B: b}
-		g := &radixtest.Gen{Src: src, Model: radixtest.NewModel(), Tiers: true, Ever: &radixtest.EverHeld{}}
+		g := &radixtest.Gen{Src: src, Model: radixtest.NewModel(), Tiers: true, Ever: &radixtest.EverHeld{}, Restores: true}
 		idx := newIndex()
 		defer radixtest.RaceReader(t, idx, g.Ever, uint64(len(b)))()
 		for !src.Exhausted() {
@@ -144,7 +144,7 @@ func fuzzIndex(f *testing.F, newIndex func() radix.Index) {
 	f.Add([]byte{1, 1, 3, 0, 2, 2, 2, 1, 1, 10, 1, 0, 0, 0, 14, 0, 1})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		src := &radixtest.Bytes{B: data}
-		g := &radixtest.Gen{Src: src, Model: radixtest.NewModel(), Ever: &radixtest.EverHeld{}}
+		g := &radixtest.Gen{Src: src, Model: radixtest.NewModel(), Ever: &radixtest.EverHeld{}, Restores: true}
 		idx := newIndex()
 		defer radixtest.RaceReader(t, idx, g.Ever, uint64(len(data)))()
 		for !src.Exhausted() {

@@ -1,6 +1,7 @@
 package radixtest
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 
 	"github.com/kvradix/kvradix/kvevent"
@@ -65,6 +66,18 @@ type Gen struct {
 	// indexes that keep tiers (radix.TierIndex); without it every event is
 	// the device's and the streams are those of before.
 	Tiers bool
+	// Restores makes a tenth of the stores store a path the worker holds
+	// again, by the names it holds it by (a fresh hash where it holds
+	// none), from the root or from a block of the path, and go on past it
+	// by up to 2 new blocks: whole requests stored again and prefix-cache
+	// hits announced again (vLLM's kv_cache_report_mode=full), which the
+	// CompressedTree passes without locks.
+	Restores bool
+	// ChainHashes makes most new blocks' engine hashes a hash of their path,
+	// as engines' chain hashes are: workers storing one path name its
+	// blocks alike, and the CompressedTree's blocks are held by their own
+	// hashes by every worker, not only the first.
+	ChainHashes bool
 	// Ever, if set, records every state of the model, each before the
 	// index is given the event that leads to it (Step), for readers that
 	// race the writer (RaceReader).
@@ -120,6 +133,11 @@ func (g *Gen) engineHash(w kvevent.Worker) uint64 {
 }
 
 func (g *Gen) stored(w kvevent.Worker) kvevent.Stored {
+	if g.Restores && g.Src.IntN(10) == 0 {
+		if s, ok := g.restored(w); ok {
+			return s
+		}
+	}
 	var s kvevent.Stored
 	switch c := g.Src.IntN(10); {
 	case c < 6:
@@ -129,11 +147,66 @@ func (g *Gen) stored(w kvevent.Worker) kvevent.Stored {
 	case c < 7:
 		s.HasParent, s.ParentHash = true, uint64(g.Src.IntN(4)) // likely unknown
 	}
+	path := ""
+	if mw := g.Model.workers[w]; s.HasParent && mw != nil {
+		path = mw.byHash[s.ParentHash]
+	}
 	n := 1 + g.Src.IntN(max(g.MaxBlocks, 4))
 	for range n {
-		s.Blocks = append(s.Blocks, kvevent.StoredBlock{BlockHash: g.engineHash(w), TokensHash: g.token()})
+		b := kvevent.StoredBlock{TokensHash: g.token()}
+		path = extend(path, b.TokensHash)
+		if g.ChainHashes && g.Src.IntN(10) < 8 {
+			b.BlockHash = chainHash(path)
+		} else {
+			b.BlockHash = g.engineHash(w)
+		}
+		s.Blocks = append(s.Blocks, b)
 	}
 	return s
+}
+
+// chainHash is a path's engine hash under Gen.ChainHashes: FNV-1a, its
+// top bit set, apart from the generator's other hashes (small numbers).
+func chainHash(path string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := range len(path) {
+		h = (h ^ uint64(path[i])) * 1099511628211
+	}
+	return h | 1<<63
+}
+
+// restored stores again the path of a hash w holds (see Gen.Restores);
+// false if w holds none.
+func (g *Gen) restored(w kvevent.Worker) (kvevent.Stored, bool) {
+	hs := g.held(w)
+	if len(hs) == 0 {
+		return kvevent.Stored{}, false
+	}
+	paths := g.Model.Paths(w)
+	p := g.Model.workers[w].byHash[hs[g.Src.IntN(len(hs))]]
+	var s kvevent.Stored
+	from, blocks := 0, len(p)/8
+	if blocks > 1 && g.Src.IntN(2) == 0 {
+		cut := 1 + g.Src.IntN(blocks-1)
+		if names := paths[p[:8*cut]]; len(names) > 0 {
+			s.HasParent, s.ParentHash, from = true, names[g.Src.IntN(len(names))], cut
+		}
+	}
+	for i := from; i < blocks; i++ {
+		b := kvevent.StoredBlock{TokensHash: binary.LittleEndian.Uint64([]byte(p[8*i : 8*i+8]))}
+		if names := paths[p[:8*i+8]]; len(names) > 0 {
+			b.BlockHash = names[g.Src.IntN(len(names))]
+		} else {
+			g.next++
+			b.BlockHash = 1000 + g.next
+		}
+		s.Blocks = append(s.Blocks, b)
+	}
+	for range g.Src.IntN(3) {
+		g.next++
+		s.Blocks = append(s.Blocks, kvevent.StoredBlock{BlockHash: 1000 + g.next, TokensHash: g.token()})
+	}
+	return s, true
 }
 
 // token draws a tokens hash: 1 to 3, or with MaxBlocks beyond 4, 1 nine
