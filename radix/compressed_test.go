@@ -2,6 +2,7 @@ package radix_test
 
 import (
 	"maps"
+	"sync"
 	"testing"
 	"time"
 
@@ -371,13 +372,8 @@ func TestCompressedRestoreTakesNoLock(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	unlock := radix.LockTopRun(c, 1)
-	locked := true
-	defer func() {
-		if locked {
-			unlock()
-		}
-	}()
+	unlock := sync.OnceFunc(radix.LockTopRun(c, 1))
+	defer unlock()
 	restores := []kvevent.RouterEvent{
 		radixtest.Stored(w, -1, path...),
 		radixtest.Stored(w, 11, path[2:]...), // from a parent, into the child run
@@ -394,19 +390,8 @@ func TestCompressedRestoreTakesNoLock(t *testing.T) {
 		}
 		done <- nil
 	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		unlock()
-		locked = false
-		<-done
-		t.Fatal("a store of held blocks waited 10 s on the first run's lock")
-	}
+	await(t, done, unlock, "a store of held blocks waited 10 s on the first run's lock")
 	unlock()
-	locked = false
 	if err := c.Apply(radixtest.Stored(w, 14, 15, 5)); err != nil { // extends the run: takes its lock
 		t.Fatal(err)
 	}
@@ -423,6 +408,21 @@ func TestCompressedRestoreTakesNoLock(t *testing.T) {
 	}
 	if got := c.Size(); got != 7 {
 		t.Fatalf("size %d, want 7", got)
+	}
+}
+
+// await waits for ch's error, failing on it; after 10 s it unlocks what
+// the test locked and fails with msg.
+func await(t *testing.T, ch <-chan error, unlock func(), msg string) {
+	t.Helper()
+	select {
+	case err := <-ch:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		unlock()
+		t.Fatal(msg)
 	}
 }
 
@@ -470,7 +470,7 @@ func TestCompressedDescendWaitsUnlocked(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			unlock := radix.LockRunOf(c, tc.locked...)
+			unlock := sync.OnceFunc(radix.LockRunOf(c, tc.locked...))
 			hooked := make(chan error, 1)
 			radix.SetCompressedHook(c, func(p radix.HookPoint) {
 				if p == radix.HookDescend {
@@ -480,15 +480,7 @@ func TestCompressedDescendWaitsUnlocked(t *testing.T) {
 			})
 			done := make(chan error, 1)
 			go func() { done <- c.Apply(tc.store) }()
-			select {
-			case err := <-hooked:
-				if err != nil {
-					t.Fatal(err)
-				}
-			case <-time.After(10 * time.Second):
-				unlock()
-				t.Fatal("the store waited 10 s for the run with its parent's lock held")
-			}
+			await(t, hooked, unlock, "the store waited 10 s for the run with its parent's lock held")
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}
