@@ -190,17 +190,18 @@ func (t *CompressedTree) walk(xw *xworker, parent uint64, blocks []kvevent.Store
 // the root used to queue on the first run's lock, shared by every request
 // (results/README.md, "Sixteen cores").
 //
-// It reads a position's blocks only where xw holds it: xw's holder entries
-// are written by this goroutine alone; a held position is below every
-// length published since it was taken (no run is trimmed below a holder's
-// position) and so below every array loaded since, written there before
-// the hold. Its claim on its own hash dates from its creation and lasts as
-// long as the block, and xw, holding it by that hash (noOwn clear), has no
-// name of its own for the hash (a name of its own given to the hash takes
-// the block's from it: name, unname). The search
-// leaves the parent's run for a child only once a block is placed: an
-// engine's event usually starts with a block it did not have, and a
-// lookup here would be one the walk makes again.
+// It reads the runs' tokens hashes as lookups do (view), and trusts a
+// position only where xw holds it: xw's holder entries are written by this
+// goroutine alone; a held position is below every length published since
+// it was taken (no run is trimmed below a holder's position), so every
+// array loaded since has its blocks, written before the hold. Its claim
+// on its own hash dates from its creation and lasts as long as the block,
+// and xw, holding it by that hash (noOwn clear), has no name of its own
+// for the hash (a name of its own given to the hash takes the block's
+// from it: name, unname). The search leaves the parent's run for a child
+// only once a block is placed: an engine's event usually starts with a
+// block it did not have, and a lookup here would be one the walk makes
+// again.
 func (t *CompressedTree) held(xw *xworker, parent uint64, blocks []kvevent.StoredBlock, locs []uint64) (int, uint64) {
 	var r *crun // nil: the root
 	var off uint32
