@@ -127,7 +127,8 @@ func BenchmarkFindMatchesParallel(b *testing.B) {
 
 // BenchmarkApplyParallel is write scaling on the concurrent indexes: every
 // goroutine is its own worker (as a pool lane would be) storing 16 blocks
-// under a shared 64-block prefix and removing them again. The same hashes
+// of its own (its own tokens and engine hashes) under a shared 64-block
+// prefix and removing them again. The same hashes
 // come back every iteration, as blocks an engine evicts and recomputes
 // do: the churn that found the compressed tree's table leaving each
 // re-stored hash past all its old tombstones, its figure growing with
@@ -154,7 +155,11 @@ func BenchmarkApplyParallel(b *testing.B) {
 				if err := idx.Apply(chain(w, 0, false, 0, 64, tokensHash)); err != nil {
 					b.Fatal(err)
 				}
-				store := chain(w, 63, true, 1<<20, 16, func(i int) uint64 { return tokensHash(int(g)*64 + i + 1000) })
+				// Its own engine hashes, as its own tokens: engines' chain
+				// hashes differ where blocks do, and equal hashes here would
+				// leave all but one goroutine naming its blocks by names of
+				// its own (the index's path for aliases, not its common one).
+				store := chain(w, 63, true, 1<<20+g<<8, 16, func(i int) uint64 { return tokensHash(int(g)*64 + i + 1000) })
 				remove := removal(store)
 				for pb.Next() {
 					if err := idx.Apply(store); err != nil {
