@@ -294,13 +294,13 @@ func (wk *walker) enter(r *crun, from uint32, first int, made bool) {
 
 // step places block i after the last one; room is how many blocks the
 // event stores from here on (this one included), so that a run the event
-// extends (or creates: its first push) is sized once. A run is extended up to runLimit
-// blocks; a path goes on past it in a child run. A run is not extended
-// where children hang from its end either: the paths diverge there, and
-// one of them in the run would hold the run's lock (shared with every
-// path through it) for its whole store, and trim the run under it as it
-// is evicted (BenchmarkApplyParallel on 16 cores: results/README.md,
-// "Sixteen cores").
+// extends (or creates: its first push) is sized once. A run is extended
+// up to runLimit blocks; a path goes on past it in a child run. A run is
+// not extended where children hang from its end either: the paths diverge
+// there, and one of them in the run would hold the run's lock (shared
+// with every path through it) for its whole store, and trim the run under
+// it as it is evicted (BenchmarkApplyParallel on 16 cores:
+// results/README.md, "Sixteen cores").
 func (wk *walker) step(i int, room int) {
 	key := wk.blocks[i].TokensHash
 	r, next := wk.r, wk.off+1
