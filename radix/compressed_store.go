@@ -16,6 +16,20 @@ type storeScratch struct {
 	locs  []uint64  // each block's location
 	fresh []bool    // whether the walk made the worker hold the block
 	old   []oldName // names the event moved to other blocks
+	// The next run a walk makes and its arrays, allocated before the store
+	// takes a lock: a walk makes a run under its parent's lock (or root
+	// stripe), shared by every path through it, where an allocation can
+	// hold it for a collection's assist.
+	spare       *crun
+	spareArrays *oneBlock
+}
+
+// oneBlock is a new run's arrays, room for its first block: its tokens
+// hash and engine hash, and the two slices over them that crun.keys and
+// crun.eng point to, in one allocation.
+type oneBlock struct {
+	hashes [2]uint64
+	arrays [2][]uint64
 }
 
 // oldName is a block a worker named by a hash the event moves elsewhere.
@@ -67,6 +81,9 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 		xw = t.worker(w)
 	}
 	s := t.stores.Get().(*storeScratch)
+	if s.spare == nil {
+		s.spare, s.spareArrays = new(crun), new(oneBlock)
+	}
 	n := len(d.Blocks)
 	s.locs, s.fresh, s.old = slices.Grow(s.locs[:0], n)[:n], slices.Grow(s.fresh[:0], n)[:n], s.old[:0]
 	joined := t.walk(xw, parent, d.Blocks, s)
@@ -242,7 +259,7 @@ func (wk *walker) top() bool {
 	r := t.child(nil, 0, b.TokensHash)
 	made := r == nil
 	if made {
-		r = t.newRun(nil, 0, b)
+		r = t.newRun(wk.s, nil, 0, b)
 	}
 	if !t.descend(root, r) {
 		return false
@@ -324,7 +341,7 @@ func (wk *walker) step(i int, room int) {
 	}
 	made := c == nil
 	if made {
-		c = wk.t.newRun(r, wk.off, wk.blocks[i])
+		c = wk.t.newRun(wk.s, r, wk.off, wk.blocks[i])
 	}
 	wk.leave()
 	if !wk.t.descend(&r.mu, c) {
@@ -547,15 +564,21 @@ func (r *crun) hasKidAt(off uint32) bool {
 // parent's lock, shared by every path through it: a new conversation
 // under a system prompt held that run's lock 11 µs on average, most of a
 // store from the root's time under a shared lock (results/held-prefix.txt).
-func (t *CompressedTree) newRun(parent *crun, off uint32, b kvevent.StoredBlock) *crun {
+// The run and its arrays are the store's spare, allocated before its
+// first lock (storeScratch.spare): nothing is allocated here but for a
+// second run of one store.
+func (t *CompressedTree) newRun(s *storeScratch, parent *crun, off uint32, b kvevent.StoredBlock) *crun {
 	key := b.TokensHash
-	r := &crun{parent: parent, parentOff: off, first: key, serial: t.serials.Add(1)}
-	both := new([2]uint64)
-	ks, eng := both[:1:1], both[1:2:2]
-	ks[0] = key
-	r.keys.Store(&ks)
-	r.eng.Store(&eng)
-	eng[0] = b.BlockHash // claimed by the walk that makes it (walker.claim)
+	r, a := s.spare, s.spareArrays
+	s.spare, s.spareArrays = nil, nil
+	if r == nil { // a second run made by one store
+		r, a = new(crun), new(oneBlock)
+	}
+	r.parent, r.parentOff, r.first, r.serial = parent, off, key, t.serials.Add(1)
+	a.hashes = [2]uint64{key, b.BlockHash} // the engine hash claimed by the walk that makes it (walker.claim)
+	a.arrays = [2][]uint64{a.hashes[:1:1], a.hashes[1:2:2]}
+	r.keys.Store(&a.arrays[0])
+	r.eng.Store(&a.arrays[1])
 	r.n.Store(1)
 	r.hw = 1
 	t.runs.add(r)
