@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 
+	"github.com/zeebo/xxh3"
+
 	"github.com/kvradix/kvradix/kvevent"
 )
 
@@ -117,13 +119,18 @@ func (g *Gen) Next() Op {
 
 func (g *Gen) held(w kvevent.Worker) []uint64 { return g.Model.Hashes(w) }
 
+// fresh returns a hash not drawn before.
+func (g *Gen) fresh() uint64 {
+	g.next++
+	return 1000 + g.next
+}
+
 // engineHash picks a fresh hash mostly, else one w holds (duplicate or move)
 // or a small constant (likely unknown, possibly shared by workers).
 func (g *Gen) engineHash(w kvevent.Worker) uint64 {
 	switch c := g.Src.IntN(10); {
 	case c < 7:
-		g.next++
-		return 1000 + g.next
+		return g.fresh()
 	case c < 9:
 		if hs := g.held(w); len(hs) > 0 {
 			return hs[g.Src.IntN(len(hs))]
@@ -147,32 +154,24 @@ func (g *Gen) stored(w kvevent.Worker) kvevent.Stored {
 	case c < 7:
 		s.HasParent, s.ParentHash = true, uint64(g.Src.IntN(4)) // likely unknown
 	}
-	path := ""
-	if mw := g.Model.workers[w]; s.HasParent && mw != nil {
+	path := "" // the blocks' path, for ChainHashes
+	if mw := g.Model.workers[w]; g.ChainHashes && s.HasParent && mw != nil {
 		path = mw.byHash[s.ParentHash]
 	}
 	n := 1 + g.Src.IntN(max(g.MaxBlocks, 4))
 	for range n {
 		b := kvevent.StoredBlock{TokensHash: g.token()}
-		path = extend(path, b.TokensHash)
+		if g.ChainHashes {
+			path = extend(path, b.TokensHash)
+		}
 		if g.ChainHashes && g.Src.IntN(10) < 8 {
-			b.BlockHash = chainHash(path)
+			b.BlockHash = xxh3.HashString(path) | 1<<63 // apart from the generator's other hashes (small numbers)
 		} else {
 			b.BlockHash = g.engineHash(w)
 		}
 		s.Blocks = append(s.Blocks, b)
 	}
 	return s
-}
-
-// chainHash is a path's engine hash under Gen.ChainHashes: FNV-1a, its
-// top bit set, apart from the generator's other hashes (small numbers).
-func chainHash(path string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := range len(path) {
-		h = (h ^ uint64(path[i])) * 1099511628211
-	}
-	return h | 1<<63
 }
 
 // restored stores again the path of a hash w holds (see Gen.Restores);
@@ -197,14 +196,12 @@ func (g *Gen) restored(w kvevent.Worker) (kvevent.Stored, bool) {
 		if names := paths[p[:8*i+8]]; len(names) > 0 {
 			b.BlockHash = names[g.Src.IntN(len(names))]
 		} else {
-			g.next++
-			b.BlockHash = 1000 + g.next
+			b.BlockHash = g.fresh()
 		}
 		s.Blocks = append(s.Blocks, b)
 	}
 	for range g.Src.IntN(3) {
-		g.next++
-		s.Blocks = append(s.Blocks, kvevent.StoredBlock{BlockHash: 1000 + g.next, TokensHash: g.token()})
+		s.Blocks = append(s.Blocks, kvevent.StoredBlock{BlockHash: g.fresh(), TokensHash: g.token()})
 	}
 	return s, true
 }
