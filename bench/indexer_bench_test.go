@@ -127,50 +127,67 @@ func BenchmarkFindMatchesParallel(b *testing.B) {
 
 // BenchmarkApplyParallel is write scaling on the concurrent indexes: every
 // goroutine is its own worker (as a pool lane would be) storing 16 blocks
-// of its own (its own tokens and engine hashes) under a shared 64-block
-// prefix and removing them again. The same hashes
+// of its own (its own tokens and engine hashes) under a shared prefix of
+// 64 or 1,024 blocks and removing them again. The same hashes
 // come back every iteration, as blocks an engine evicts and recomputes
 // do: the churn that found the compressed tree's table leaving each
 // re-stored hash past all its old tombstones, its figure growing with
 // -benchtime (results/tombstone-purge.txt); compare at a fixed
-// -benchtime Nx.
+// -benchtime Nx. With sibling=false one goroutine's blocks can go on in
+// the prefix's own run (the compressed tree's, at its end), the others'
+// in runs of their own beside them; with sibling=true another worker's
+// block already goes on there, so that every goroutine's blocks make a run
+// of their own and delete it, at every -cpu alike.
 func BenchmarkApplyParallel(b *testing.B) {
 	for _, im := range indexImpls {
 		if _, ok := im.new().(radix.ConcurrentIndex); !ok {
 			continue
 		}
-		b.Run("impl="+im.name, func(b *testing.B) {
-			idx := im.new()
-			for i := range 16 {
-				if err := idx.Apply(chain(kvevent.Worker{ID: kvevent.WorkerID(i)}, 0, false, 0, 64, tokensHash)); err != nil {
-					b.Fatal(err)
-				}
+		for _, prefix := range []int{64, 1024} {
+			for _, sibling := range []bool{false, true} {
+				b.Run(fmt.Sprintf("impl=%s/prefix=%d/sibling=%t", im.name, prefix, sibling), func(b *testing.B) {
+					applyParallel(b, im.new(), prefix, sibling)
+				})
 			}
-			var gid atomic.Uint64
-			b.ReportAllocs()
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				g := gid.Add(1)
-				w := kvevent.Worker{ID: kvevent.WorkerID(1000 + g)}
-				if err := idx.Apply(chain(w, 0, false, 0, 64, tokensHash)); err != nil {
-					b.Fatal(err)
-				}
-				// Its own engine hashes, as its own tokens: engines' chain
-				// hashes differ where blocks do, and equal hashes here would
-				// leave all but one goroutine naming its blocks by names of
-				// its own (the index's path for aliases, not its common one).
-				store := chain(w, 63, true, 1<<20+g<<8, 16, func(i int) uint64 { return tokensHash(int(g)*64 + i + 1000) })
-				remove := removal(store)
-				for pb.Next() {
-					if err := idx.Apply(store); err != nil {
-						b.Fatal(err)
-					}
-					if err := idx.Apply(remove); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
-			b.ReportMetric(32*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
-		})
+		}
 	}
+}
+
+func applyParallel(b *testing.B, idx radix.Index, prefix int, sibling bool) {
+	end := uint64(prefix - 1) // the prefix's last engine hash
+	for i := range 16 {
+		if err := idx.Apply(chain(kvevent.Worker{ID: kvevent.WorkerID(i)}, 0, false, 0, prefix, tokensHash)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if sibling {
+		if err := idx.Apply(chain(kvevent.Worker{ID: 0}, end, true, 1<<40, 1, tokensHash)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var gid atomic.Uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		g := gid.Add(1)
+		w := kvevent.Worker{ID: kvevent.WorkerID(1000 + g)}
+		if err := idx.Apply(chain(w, 0, false, 0, prefix, tokensHash)); err != nil {
+			b.Fatal(err)
+		}
+		// Its own engine hashes, as its own tokens: engines' chain
+		// hashes differ where blocks do, and equal hashes here would
+		// leave all but one goroutine naming its blocks by names of
+		// its own (the index's path for aliases, not its common one).
+		store := chain(w, end, true, 1<<20+g<<8, 16, func(i int) uint64 { return tokensHash(int(g)*64 + i + 1<<20) })
+		remove := removal(store)
+		for pb.Next() {
+			if err := idx.Apply(store); err != nil {
+				b.Fatal(err)
+			}
+			if err := idx.Apply(remove); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.ReportMetric(32*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
 }

@@ -364,11 +364,24 @@ func (wk *walker) step(i int, room int) {
 // eighth copied a block eight times, by half twice: results/README.md
 // weighs the memory against the time). An array once
 // published past this length (the run was trimmed) is not written again:
-// the run gets a fresh one. Both arrays are written plainly: nobody reads
-// past the length published (crun.eng). The block claims its own hash
-// when the walk leaves the run.
+// the run gets a fresh one, unless the block is the one the array holds
+// there already (revived: see below). Both arrays are written plainly:
+// nobody reads past the length published (crun.eng). The block claims its
+// own hash when the walk leaves the run.
+//
+// A block trimmed and stored again, as an engine evicts and recomputes
+// it, is revived where the array still holds it (the same tokens hash and
+// engine hash at the position): the walk takes the position back without
+// writing it, so a reader still reading the array before the trim reads
+// the same block there, and the run is not copied, a copy of the whole
+// run each time its tail is evicted and stored again
+// (BenchmarkApplyParallel/prefix=1024).
 func (wk *walker) push(b kvevent.StoredBlock, room int) {
 	r, n := wk.r, wk.n
+	if n < r.hw && wk.ks[n] == b.TokensHash && wk.eng[n] == b.BlockHash {
+		wk.n++
+		return
+	}
 	if int(n) == len(wk.ks) || n < r.hw {
 		size := min(int(n)+max(room, int(n), 1), int(wk.t.runLimit))
 		ks, eng := make([]uint64, size), make([]uint64, size)

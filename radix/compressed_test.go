@@ -566,3 +566,57 @@ func TestCompressedRunSizedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCompressedRunRevived: blocks trimmed from a run's tail and stored
+// again by the same hashes are revived in the run's array, not copied with
+// the whole run; a block stored there with another engine hash or other
+// tokens copies the run, as the array's readers may still read the old
+// block.
+func TestCompressedRunRevived(t *testing.T) {
+	c := radix.NewCompressedTree()
+	w, w2 := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2}
+	apply := func(evs ...kvevent.RouterEvent) {
+		t.Helper()
+		for _, ev := range evs {
+			if err := c.Apply(ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := radix.CompressedInvariants(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := []uint64{1, 2, 3, 4, 5}
+	scores := func(want map[kvevent.Worker]uint32) {
+		t.Helper()
+		if got := c.FindMatches(path, false).Scores; !maps.Equal(got, want) {
+			t.Fatalf("scores %v, want %v", got, want)
+		}
+	}
+	apply(radixtest.Stored(w, -1, 11, 1, 12, 2, 13, 3, 14, 4, 15, 5), radixtest.Stored(w2, -1, 11, 1))
+	arr := radix.RunArray(c, 1)
+	apply(radixtest.Removed(w, 14, 15), radixtest.Stored(w, 13, 14, 4, 15, 5))
+	if radix.RunArray(c, 1) != arr {
+		t.Fatal("blocks stored again by their hashes copied the run")
+	}
+	scores(map[kvevent.Worker]uint32{w: 5, w2: 1})
+	// Revived blocks are claimed again: the second worker's store by the
+	// same hashes holds them by their own hashes, and removals find them.
+	apply(radixtest.Stored(w2, 11, 12, 2, 13, 3, 14, 4))
+	scores(map[kvevent.Worker]uint32{w: 5, w2: 4})
+	apply(radixtest.Removed(w2, 12, 13, 14), radixtest.Removed(w, 15))
+	scores(map[kvevent.Worker]uint32{w: 4, w2: 1})
+
+	for _, again := range []kvevent.RouterEvent{
+		radixtest.Stored(w, 14, 16, 5), // the same tokens, another engine hash
+		radixtest.Stored(w, 14, 15, 6), // other tokens
+	} {
+		arr := radix.RunArray(c, 1)
+		apply(again)
+		if radix.RunArray(c, 1) == arr {
+			t.Fatalf("%v: a block unlike the array's was written over it", again)
+		}
+		st := again.Event.Data.(kvevent.Stored)
+		apply(radixtest.Removed(w, st.Blocks[0].BlockHash))
+	}
+}

@@ -556,6 +556,12 @@ func RunRoom(t *CompressedTree, keys ...uint64) int {
 	return len(*runOf(t, keys).keys.Load())
 }
 
+// RunArray is the address of the keys array of the run holding the last
+// block of the path keys: it changes when the run is copied.
+func RunArray(t *CompressedTree, keys ...uint64) *uint64 {
+	return unsafe.SliceData(*runOf(t, keys).keys.Load())
+}
+
 func runOf(t *CompressedTree, keys []uint64) *crun {
 	r, off := t.child(nil, 0, keys[0]), uint32(0)
 	for _, k := range keys[1:] {
