@@ -128,39 +128,42 @@ func BenchmarkFindMatchesParallel(b *testing.B) {
 // BenchmarkApplyParallel is write scaling on the concurrent indexes: every
 // goroutine is its own worker (as a pool lane would be) storing 16 blocks
 // of its own (its own tokens and engine hashes) under a shared prefix of
-// 64 or 1,024 blocks and removing them again. The same hashes
-// come back every iteration, as blocks an engine evicts and recomputes
-// do: the churn that found the compressed tree's table leaving each
-// re-stored hash past all its old tombstones, its figure growing with
-// -benchtime (results/tombstone-purge.txt); compare at a fixed
-// -benchtime Nx. With sibling=false one goroutine's blocks can go on in
-// the prefix's own run (the compressed tree's, at its end), the others'
-// in runs of their own beside them; with sibling=true another worker's
-// block already goes on there, so that every goroutine's blocks make a run
-// of their own and delete it, at every -cpu alike.
+// 64 or 1,024 blocks and removing them again; compare at a fixed
+// -benchtime Nx (the table's tombstones: results/tombstone-purge.txt). Its
+// tails:
+//
+//   - same: the same blocks every iteration, as an engine evicts and
+//     recomputes them. One goroutine's can go on in the prefix's own run
+//     (the compressed tree's, at its end), the others' in runs of their
+//     own beside them.
+//   - alternate: two tails in turn, as a document asked one question after
+//     another, each evicted before the next.
+//   - sibling: the same blocks, but another worker's block already goes on
+//     past the prefix, so that every goroutine's blocks make a run of
+//     their own and delete it, at every -cpu alike.
 func BenchmarkApplyParallel(b *testing.B) {
 	for _, im := range indexImpls {
 		if _, ok := im.new().(radix.ConcurrentIndex); !ok {
 			continue
 		}
 		for _, prefix := range []int{64, 1024} {
-			for _, sibling := range []bool{false, true} {
-				b.Run(fmt.Sprintf("impl=%s/prefix=%d/sibling=%t", im.name, prefix, sibling), func(b *testing.B) {
-					applyParallel(b, im.new(), prefix, sibling)
+			for _, tail := range []string{"same", "alternate", "sibling"} {
+				b.Run(fmt.Sprintf("impl=%s/prefix=%d/tail=%s", im.name, prefix, tail), func(b *testing.B) {
+					applyParallel(b, im.new(), prefix, tail)
 				})
 			}
 		}
 	}
 }
 
-func applyParallel(b *testing.B, idx radix.Index, prefix int, sibling bool) {
+func applyParallel(b *testing.B, idx radix.Index, prefix int, tail string) {
 	end := uint64(prefix - 1) // the prefix's last engine hash
 	for i := range 16 {
 		if err := idx.Apply(chain(kvevent.Worker{ID: kvevent.WorkerID(i)}, 0, false, 0, prefix, tokensHash)); err != nil {
 			b.Fatal(err)
 		}
 	}
-	if sibling {
+	if tail == "sibling" {
 		if err := idx.Apply(chain(kvevent.Worker{ID: 0}, end, true, 1<<40, 1, tokensHash)); err != nil {
 			b.Fatal(err)
 		}
@@ -178,13 +181,21 @@ func applyParallel(b *testing.B, idx radix.Index, prefix int, sibling bool) {
 		// hashes differ where blocks do, and equal hashes here would
 		// leave all but one goroutine naming its blocks by names of
 		// its own (the index's path for aliases, not its common one).
-		store := chain(w, end, true, 1<<20+g<<8, 16, func(i int) uint64 { return tokensHash(int(g)*64 + i + 1<<20) })
-		remove := removal(store)
-		for pb.Next() {
-			if err := idx.Apply(store); err != nil {
+		var stores, removes [2]kvevent.RouterEvent
+		for k := range stores {
+			if k == 1 && tail != "alternate" {
+				stores[k], removes[k] = stores[0], removes[0]
+				break
+			}
+			base := uint64(1<<20 + g<<8 + uint64(k)<<7)
+			stores[k] = chain(w, end, true, base, 16, func(i int) uint64 { return tokensHash(1<<20 + int(base) + i) })
+			removes[k] = removal(stores[k])
+		}
+		for k := 0; pb.Next(); k ^= 1 {
+			if err := idx.Apply(stores[k]); err != nil {
 				b.Fatal(err)
 			}
-			if err := idx.Apply(remove); err != nil {
+			if err := idx.Apply(removes[k]); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -127,6 +127,10 @@ type CompressedTree struct {
 	heads    *xsync.Map[uint64, *crun] // edgeKey -> runs hanging there (a chain on collisions)
 	edgeMask uint64                    // ^0; tests narrow it to force collisions
 	runLimit uint32                    // maxRunLen; tests lower it
+	// copyLimit is the longest run copied for a block stored past the
+	// length it was trimmed to (see walker.extends): copyLimitLen; 0 in
+	// tests, to make child runs there.
+	copyLimit uint32
 	serials  atomic.Uint64             // runs created so far
 	scratch  sync.Pool                 // *cmatchScratch
 	stores   sync.Pool                 // *storeScratch
@@ -531,7 +535,7 @@ func (t *CompressedTree) ready() {
 	t.once.Do(func() {
 		t.heads = xsync.NewMap[uint64, *crun]()
 		t.workers = xsync.NewMap[kvevent.Worker, *xworker]()
-		t.edgeMask, t.runLimit = ^uint64(0), maxRunLen
+		t.edgeMask, t.runLimit, t.copyLimit = ^uint64(0), maxRunLen, copyLimitLen
 		t.chain.init(t.ownHash)
 		t.chain.doubled, t.chain.keysAhead = warmAhead, t.ownHashesAhead
 		t.scratch.New = func() any { return &cmatchScratch{} }

@@ -2,6 +2,7 @@ package radix_test
 
 import (
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -618,5 +619,50 @@ func TestCompressedRunRevived(t *testing.T) {
 		}
 		st := again.Event.Data.(kvevent.Stored)
 		apply(radixtest.Removed(w, st.Blocks[0].BlockHash))
+	}
+}
+
+// TestCompressedTrimmedRunForks: a block unlike the array's stored past
+// the length a long run was trimmed to goes on in a child run, not in the
+// run copied whole; a short run is copied (TestCompressedRunRevived).
+func TestCompressedTrimmedRunForks(t *testing.T) {
+	c := radix.NewCompressedTree()
+	w, w2 := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2}
+	const n = 200 // past copyLimitLen
+	path := make([]uint64, n)
+	var args []uint64
+	for i := range path {
+		path[i] = uint64(1000 + i)
+		args = append(args, uint64(i+1), path[i])
+	}
+	for _, ev := range []kvevent.RouterEvent{
+		radixtest.Stored(w, -1, args...),
+		radixtest.Stored(w2, -1, args[:2]...),
+		radixtest.Removed(w, 191, 192, 193, 194, 195, 196, 197, 198, 199, 200),
+	} {
+		if err := c.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	arr := radix.RunArray(c, path[0])
+	q := append(slices.Clone(path[:190]), 7)
+	if err := c.Apply(radixtest.Stored(w2, 1, args[2:2*190]...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Apply(radixtest.Stored(w, 190, 500, uint64(7))); err != nil {
+		t.Fatal(err)
+	}
+	if radix.RunArray(c, path[0]) != arr {
+		t.Fatal("the run was copied")
+	}
+	if radix.RunArray(c, q...) == arr {
+		t.Fatal("the block went on in the run")
+	}
+	want := map[kvevent.Worker]uint32{w: 191, w2: 190}
+	if got := c.FindMatches(q, false).Scores; !maps.Equal(got, want) {
+		t.Fatalf("scores %v, want %v", got, want)
+	}
+	if _, err := radix.CompressedInvariants(c); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -186,20 +186,23 @@ func checkAliases(w kvevent.Worker, names, aliases map[uint64]uint32) error {
 const CNodeSize = unsafe.Sizeof(cnode{})
 
 // NewCompressedTreeColliding returns a CompressedTree whose edge keys take
-// only four values, so nearly every lookup walks a collision chain.
+// only four values, so nearly every lookup walks a collision chain, and
+// which makes a child run for every block stored past the length a run
+// was trimmed to, other than the one it held there (copyLimit 0).
 func NewCompressedTreeColliding() *CompressedTree {
 	t := NewCompressedTree()
-	t.edgeMask = 3
+	t.edgeMask, t.copyLimit = 3, 0
 	return t
 }
 
 // NewCompressedTreeCramped returns a CompressedTree whose runs end after 3
-// blocks (a path goes on in child runs) and whose engine-hash table takes
-// only the blocks of runs 1 to 3: the blocks of every later run are named
-// by the workers' own names, as past 2^22 runs.
+// blocks (a path goes on in child runs), as do those trimmed (copyLimit
+// 0), and whose engine-hash table takes only the blocks of runs 1 to 3:
+// the blocks of every later run are named by the workers' own names, as
+// past 2^22 runs.
 func NewCompressedTreeCramped() *CompressedTree {
 	t := NewCompressedTree()
-	t.runLimit, t.chain.ids = 3, 4
+	t.runLimit, t.chain.ids, t.copyLimit = 3, 4, 0
 	return t
 }
 
