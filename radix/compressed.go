@@ -131,14 +131,14 @@ type CompressedTree struct {
 	// length it was trimmed to (see walker.extends): copyLimitLen; 0 in
 	// tests, to make child runs there.
 	copyLimit uint32
-	serials  atomic.Uint64             // runs created so far
-	scratch  sync.Pool                 // *cmatchScratch
-	stores   sync.Pool                 // *storeScratch
-	runs     runTable
-	chain    chainTable // engine hash -> the block it is the own hash of
-	workers  *xsync.Map[kvevent.Worker, *xworker]
-	stripes  [writerStripes]writerStripe
-	rootMu   [rootStripes]paddedMutex
+	serials   atomic.Uint64 // runs created so far
+	scratch   sync.Pool     // *cmatchScratch
+	stores    sync.Pool     // *storeScratch
+	runs      runTable
+	chain     chainTable // engine hash -> the block it is the own hash of
+	workers   *xsync.Map[kvevent.Worker, *xworker]
+	stripes   [writerStripes]writerStripe
+	rootMu    [rootStripes]paddedMutex
 
 	slotMu   sync.Mutex // guards freeSlot and slots
 	freeSlot []uint32
