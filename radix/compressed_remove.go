@@ -65,7 +65,7 @@ func (t *CompressedTree) forget(xw *xworker) {
 	for r := range xw.runs {
 		r.mu.Lock()
 		left += r.dropHolder(xw)
-		t.settle(r)
+		t.settle(r, xw)
 	}
 	t.addSize(xw, -left)
 	xw.runs, xw.xnames, xw.xcount = nil, nil, nil
@@ -168,7 +168,7 @@ func (l *leaver) unname(loc uint64, own bool) {
 // release settles and unlocks the run in hand.
 func (l *leaver) release() {
 	if l.r != nil {
-		l.t.settle(l.r)
+		l.t.settle(l.r, l.xw)
 		l.r = nil
 	}
 }
@@ -221,18 +221,20 @@ func (r *crun) extent() uint32 {
 }
 
 // settle trims r's unneeded tail, or deletes r (and settles its parents)
-// if nothing of it is needed; r is locked, and settle unlocks it. A run to
-// delete is first trimmed to its first block here, under its own lock:
-// drop deletes it under its parent's too, which every store and removal
-// through the parent takes, and would hold it for a table release a block
+// if nothing of it is needed; r is locked, and settle unlocks it; xw is
+// the worker whose event settles it (its writer stripe held: a run
+// deleted frees its id there, see runTable). A run to delete is first
+// trimmed to its first block here, under its own lock: drop deletes it
+// under its parent's too, which every store and removal through the
+// parent takes, and would hold it for a table release a block
 // (BenchmarkApplyParallel: siblings made and deleted under one run).
-func (t *CompressedTree) settle(r *crun) {
+func (t *CompressedTree) settle(r *crun, xw *xworker) {
 	e := r.extent()
 	t.trim(r, max(e, 1))
 	r.mu.Unlock()
 	if e == 0 {
 		t.at(hookSettled)
-		t.drop(r)
+		t.drop(r, xw)
 	}
 }
 
@@ -276,8 +278,8 @@ func (t *CompressedTree) trim(r *crun, e uint32) {
 
 // drop deletes r, unlocked, if it is still unneeded once its parent's lock
 // (the root stripe, for a top-level run) and its own are taken in that
-// order, then settles the parent, and so on up.
-func (t *CompressedTree) drop(r *crun) {
+// order, then settles the parent, and so on up; xw as for settle.
+func (t *CompressedTree) drop(r *crun, xw *xworker) {
 	for r != nil {
 		p := r.parent
 		var up *sync.Mutex
@@ -304,7 +306,7 @@ func (t *CompressedTree) drop(r *crun) {
 		r.dead = true
 		t.trim(r, 0)
 		t.unhang(r)
-		t.runs.del(r.id)
+		t.runs.del(r.id, &t.stripe(xw.worker.ID).ids)
 		r.mu.Unlock()
 		if p == nil {
 			up.Unlock()

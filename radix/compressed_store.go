@@ -259,7 +259,7 @@ func (wk *walker) top() bool {
 	r := t.child(nil, 0, b.TokensHash)
 	made := r == nil
 	if made {
-		r = t.newRun(wk.s, nil, 0, b)
+		r = t.newRun(wk.xw, wk.s, nil, 0, b)
 	}
 	if !t.descend(root, r) {
 		return false
@@ -341,7 +341,7 @@ func (wk *walker) step(i int, room int) {
 	}
 	made := c == nil
 	if made {
-		c = wk.t.newRun(wk.s, r, wk.off, wk.blocks[i])
+		c = wk.t.newRun(wk.xw, wk.s, r, wk.off, wk.blocks[i])
 	}
 	wk.leave()
 	if !wk.t.descend(&r.mu, c) {
@@ -603,8 +603,9 @@ func (r *crun) hasKidAt(off uint32) bool {
 // store from the root's time under a shared lock (results/held-prefix.txt).
 // The run and its arrays are the store's spare, allocated before its
 // first lock (storeScratch.spare): nothing is allocated here but for a
-// second run of one store.
-func (t *CompressedTree) newRun(s *storeScratch, parent *crun, off uint32, b kvevent.StoredBlock) *crun {
+// second run of one store. Its id comes from the spare ids of the writer
+// stripe of xw, the storing worker (held: see runTable).
+func (t *CompressedTree) newRun(xw *xworker, s *storeScratch, parent *crun, off uint32, b kvevent.StoredBlock) *crun {
 	key := b.TokensHash
 	r, a := s.spare, s.spareArrays
 	s.spare, s.spareArrays = nil, nil
@@ -618,7 +619,7 @@ func (t *CompressedTree) newRun(s *storeScratch, parent *crun, off uint32, b kve
 	r.eng.Store(&a.arrays[1])
 	r.n.Store(1)
 	r.hw = 1
-	t.runs.add(r)
+	t.runs.add(r, &t.stripe(xw.worker.ID).ids)
 	if parent != nil {
 		i, found := parent.kidAt(off)
 		if found {

@@ -666,3 +666,30 @@ func TestCompressedTrimmedRunForks(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCompressedRunIDsBounded: run ids made by the writers of one stripe
+// and freed by another's go back to the table, so that the ids handed out
+// stay within the live runs and the stripes' spares, however many runs
+// come and go.
+func TestCompressedRunIDsBounded(t *testing.T) {
+	c := radix.NewCompressedTree()
+	maker, freer := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2} // stripes 1 and 2
+	for i := range uint64(5000) {
+		// The maker makes a run of its own for [i, i+1] and leaves it;
+		// the freer, holding it too, leaves it last, and deletes it.
+		for _, ev := range []kvevent.RouterEvent{
+			radixtest.Stored(maker, -1, 10*i+1, i, 10*i+2, i+1<<40),
+			radixtest.Stored(freer, -1, 10*i+1, i, 10*i+2, i+1<<40),
+			radixtest.Removed(maker, 10*i+1, 10*i+2),
+			radixtest.Removed(freer, 10*i+1, 10*i+2),
+		} {
+			if err := c.Apply(ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	handed, live := radix.RunIDs(c)
+	if live != 0 || handed > radix.SpareRunIDs+radix.RunIDBatch {
+		t.Fatalf("%d ids handed out for %d live runs (at most %d spare)", handed, live, radix.SpareRunIDs)
+	}
+}

@@ -565,6 +565,22 @@ func RunArray(t *CompressedTree, keys ...uint64) *uint64 {
 	return unsafe.SliceData(*runOf(t, keys).keys.Load())
 }
 
+// SpareRunIDs is the most run ids the writer stripes hold spare, and
+// RunIDBatch how many they take at once (see runTable).
+const (
+	SpareRunIDs = 2 * idBatch * writerStripes
+	RunIDBatch  = idBatch
+)
+
+// RunIDs is how many run ids the tree has handed out, and how many runs
+// are live.
+func RunIDs(t *CompressedTree) (handed, live int) {
+	t.runs.mu.Lock()
+	defer t.runs.mu.Unlock()
+	t.runs.each(func(*crun) { live++ })
+	return int(t.runs.next), live
+}
+
 func runOf(t *CompressedTree, keys []uint64) *crun {
 	r, off := t.child(nil, 0, keys[0]), uint32(0)
 	for _, k := range keys[1:] {
