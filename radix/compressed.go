@@ -345,8 +345,8 @@ func (t *CompressedTree) ownHashesAhead(locs []uint64) {
 // ones, and one holding 2*idBatch gives idBatch back: so at most
 // 2*idBatch*writerStripes ids are spare. Two writers making and deleting
 // runs beside each other took one lock and wrote slots on one line for
-// each, and ran 10-19% slower (BenchmarkApplyParallel at -cpu 2:
-// results/README.md).
+// each: at -cpu 2 BenchmarkApplyParallel ran 5-26% slower
+// (results/run-ids.txt).
 type runTable struct {
 	dir  atomic.Pointer[[]*runChunk]
 	mu   sync.Mutex // guards free, next and the directory's growth
