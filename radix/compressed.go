@@ -131,9 +131,8 @@ type CompressedTree struct {
 	// length it was trimmed to (see walker.extends): copyLimitLen; 0 in
 	// tests, to make child runs there.
 	copyLimit uint32
-	serials   atomic.Uint64 // runs created so far
-	scratch   sync.Pool     // *cmatchScratch
-	stores    sync.Pool     // *storeScratch
+	scratch   sync.Pool // *cmatchScratch
+	stores    sync.Pool // *storeScratch
 	runs      runTable
 	chain     chainTable // engine hash -> the block it is the own hash of
 	workers   *xsync.Map[kvevent.Worker, *xworker]
@@ -199,13 +198,24 @@ type paddedMutex struct {
 const writerStripes = 16
 
 // writerStripe is what the writers of one stripe share: the lock Dump takes
-// to hold them off, their share of the size, and the run ids they have to
-// hand (see runTable), all theirs while they hold the lock.
+// to hold them off, their share of the size, the run ids they have to hand
+// (see runTable) and the runs they made (for serials), all theirs while
+// they hold the lock.
 type writerStripe struct {
 	mu   sync.Mutex
 	size atomic.Int64
 	ids  []uint32
-	_    [64 - 40]byte
+	made uint64
+	_    [64 - 48]byte
+}
+
+// serial returns a serial for a run a writer of worker id makes (its
+// stripe held): unique for the tree's life, without a counter every
+// writer's runs write.
+func (t *CompressedTree) serial(id kvevent.WorkerID) uint64 {
+	st := t.stripe(id)
+	st.made++
+	return st.made*writerStripes + uint64(id)%writerStripes
 }
 
 func (t *CompressedTree) stripe(id kvevent.WorkerID) *writerStripe {

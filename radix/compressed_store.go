@@ -612,7 +612,7 @@ func (t *CompressedTree) newRun(xw *xworker, s *storeScratch, parent *crun, off 
 	if r == nil { // a second run made by one store
 		r, a = new(crun), new(oneBlock)
 	}
-	r.parent, r.parentOff, r.first, r.serial = parent, off, key, t.serials.Add(1)
+	r.parent, r.parentOff, r.first, r.serial = parent, off, key, t.serial(xw.worker.ID)
 	a.hashes = [2]uint64{key, b.BlockHash} // the engine hash claimed by the walk that makes it (walker.claim)
 	a.arrays = [2][]uint64{a.hashes[:1:1], a.hashes[1:2:2]}
 	r.keys.Store(&a.arrays[0])

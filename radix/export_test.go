@@ -231,6 +231,7 @@ func ChainDirSlots(t *CompressedTree) int { return len(t.chain.dir.Load().segs) 
 func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 	t.ready()
 	kids := map[*crun]map[uint32]uint32{}
+	serials := map[uint64]bool{}
 	members := 0
 	var all []*crun
 	t.runs.each(func(r *crun) { all = append(all, r) })
@@ -240,6 +241,10 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 		if r.dead || t.runs.get(id) != r {
 			return runs, fmt.Errorf("run %d is dead or registered elsewhere", id)
 		}
+		if serials[r.serial] {
+			return runs, fmt.Errorf("run %d: serial %d taken", id, r.serial)
+		}
+		serials[r.serial] = true
 		if t.child(r.parent, r.parentOff, r.first) != r {
 			return runs, fmt.Errorf("run %d is not found where it hangs", id)
 		}
