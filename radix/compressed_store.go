@@ -317,7 +317,9 @@ func (wk *walker) enter(r *crun, from uint32, first int, made bool) {
 // there, and one of them in the run would hold the run's lock (shared
 // with every path through it) for its whole store, and trim the run under
 // it as it is evicted (BenchmarkApplyParallel on 16 cores:
-// results/README.md, "Sixteen cores").
+// results/README.md, "Sixteen cores"). Nor is a long run extended past a
+// length it was trimmed to by blocks other than its array's (see
+// extends).
 func (wk *walker) step(i int, room int) {
 	key := wk.blocks[i].TokensHash
 	r, next := wk.r, wk.off+1
@@ -375,7 +377,7 @@ func (wk *walker) step(i int, room int) {
 // writing it, so a reader still reading the array before the trim reads
 // the same block there, and the run is not copied, a copy of the whole
 // run each time its tail is evicted and stored again
-// (BenchmarkApplyParallel/prefix=1024).
+// (BenchmarkApplyParallel, tail=same).
 func (wk *walker) push(b kvevent.StoredBlock, room int) {
 	r, n := wk.r, wk.n
 	if wk.revives(b) {
