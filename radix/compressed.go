@@ -35,9 +35,10 @@ import (
 //
 // Runs split where paths diverge, and only there: a Stored block extends
 // its parent's run in place when the parent is the run's last block and no
-// child run hangs from it; it continues inside the run
-// when the run's next block has its tokens hash; otherwise it starts (or
-// enters) a child run. So the block after position p of a run is either
+// child run hangs from it (nor had other blocks there before a trim, in a
+// run past 32 blocks: see below); it continues inside the run when the
+// run's next block has its tokens hash; otherwise it starts (or enters) a
+// child run. So the block after position p of a run is either
 // the run's own next block or the first block of a child run, never both,
 // and every path has exactly one place. Long shared prefixes (system
 // prompts, earlier turns) become single runs; each divergence costs one
@@ -63,7 +64,10 @@ import (
 // length drops, its array stays (so a trim costs the same at any run
 // length), and its version is bumped; a run that grows again over a trimmed
 // tail gets a fresh array, so an array is never written below a length once
-// published for it. A run left with no holders and no children is deleted,
+// published for it: unless the blocks stored again are the array's there
+// (taken back unwritten), and, past 32 blocks, other blocks go on in a child
+// run instead of a copy (walker.push, walker.extends). A run left with no
+// holders and no children is deleted,
 // and its parent settled in turn. So memory follows what is held: removing
 // every worker leaves an empty tree.
 //
@@ -101,9 +105,10 @@ import (
 //     its old block after the walk, so the path just stored is never
 //     trimmed under it.
 //   - The tree-wide tables are concurrent: run ids in a chunked array whose
-//     chunks never move (runTable), workers in an xsync.Map; slot and id
-//     allocation take small mutexes of their own, once per new worker or
-//     run.
+//     chunks never move (runTable), workers in an xsync.Map; slot
+//     allocation takes a small mutex of its own once per new worker, and a
+//     run's id and serial come from its writer's stripe (held), the run
+//     table's mutex taken once per eight runs made or deleted.
 //   - FindMatches, AppendMatches, Size and TreeSizes may run at any time
 //     from any number of goroutines; they take no lock and write nothing
 //     shared. A reader sees each run's length, tokens hashes, holder array
