@@ -675,8 +675,9 @@ func TestCompressedRunIDsBounded(t *testing.T) {
 	c := radix.NewCompressedTree()
 	maker, freer := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2} // stripes 1 and 2
 	for i := range uint64(5000) {
-		// The maker makes a run of its own for [i, i+1] and leaves it;
-		// the freer, holding it too, leaves it last, and deletes it.
+		// The maker makes a top-level run of two blocks (tokens i and
+		// i+2^40) and leaves it; the freer, holding it too, leaves it
+		// last, and deletes it.
 		for _, ev := range []kvevent.RouterEvent{
 			radixtest.Stored(maker, -1, 10*i+1, i, 10*i+2, i+1<<40),
 			radixtest.Stored(freer, -1, 10*i+1, i, 10*i+2, i+1<<40),
