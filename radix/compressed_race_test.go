@@ -225,9 +225,9 @@ func (sc storm) run(t *testing.T, procs int, d time.Duration, loops int) (wrong,
 	var wg sync.WaitGroup
 	for i := range max(2, procs) {
 		rd := trimReaders[i%len(trimReaders)]
-		ask := sc.asks[i/len(trimReaders)%len(sc.asks)]
 		wg.Go(func() {
-			for !stop.Load() {
+			for k := 0; !stop.Load(); k++ {
+				ask := sc.asks[k%len(sc.asks)] // every reader asks each in turn
 				got := rd.ask(c, ask.q)
 				queryN.Add(1)
 				for w, n := range got {
