@@ -38,11 +38,10 @@ import (
 // child run hangs from it (nor had other blocks there before a trim, in a
 // run past 32 blocks: see below); it continues inside the run when the
 // run's next block has its tokens hash; otherwise it starts (or enters) a
-// child run. So the block after position p of a run is either
-// the run's own next block or the first block of a child run, never both,
-// and every path has exactly one place. Long shared prefixes (system
-// prompts, earlier turns) become single runs; each divergence costs one
-// map entry.
+// child run. So the block after position p of a run is either the run's
+// own next block or the first block of a child run, never both, and every
+// path has exactly one place. Long shared prefixes (system prompts,
+// earlier turns) become single runs; each divergence costs one map entry.
 //
 // Each holder of a run is a worker with
 //
@@ -65,11 +64,11 @@ import (
 // length), and its version is bumped; a run that grows again over a trimmed
 // tail gets a fresh array, so an array is never written below a length once
 // published for it: unless the blocks stored again are the array's there
-// (taken back unwritten), and, past 32 blocks, other blocks go on in a child
-// run instead of a copy (walker.push, walker.extends). A run left with no
-// holders and no children is deleted,
-// and its parent settled in turn. So memory follows what is held: removing
-// every worker leaves an empty tree.
+// (taken back unwritten), and, past 32 blocks, other blocks go on in a
+// child run instead of a copy (walker.push, walker.extends). A run left
+// with no holders and no children is deleted, and its parent settled in
+// turn. So memory follows what is held: removing every worker leaves an
+// empty tree.
 //
 // Engine block hashes name blocks through one table for every worker
 // (chainTable): each block records the engine hash it was created with
