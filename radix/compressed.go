@@ -270,7 +270,15 @@ type crun struct {
 	id      uint32
 	hw      uint32 // the longest length published for the current array
 	dead    bool   // deleted: unreachable, and never to be written again
-	kids    []kidCount
+
+	// Where child runs hang, under kmu, a lock taken alone or under mu,
+	// never the other way round: a store makes a child of a position its
+	// worker holds without the run's lock (walker.branch), and a child is
+	// deleted without it (drop), so that siblings made and deleted under
+	// one shared run do not queue on its lock. kids counts a child before
+	// it can be found (hang) and until it is dead.
+	kmu  sync.Mutex
+	kids []kidCount
 }
 
 // kidCount counts the child runs hanging from one position.
@@ -281,7 +289,7 @@ type kidCount struct{ off, n uint32 }
 type holder struct {
 	w    *xworker
 	cut  uint32 // leading positions held without a gap; atomic
-	top  uint32 // highest position held + 1
+	top  uint32 // highest position held + 1; written atomically, for extent without the lock
 	held uint32 // positions held
 	bits []uint64
 }

@@ -337,3 +337,123 @@ func dropStorm(t *testing.T) {
 		t.Fatalf("%d of %d rounds left an unneeded tail", bad, rounds)
 	}
 }
+
+// TestCompressedBranchStorm races the stores that make children of a
+// shared run without its lock against each other, against a store that
+// may extend the run in place, and against deletions of the run's
+// children, at GOMAXPROCS 2 and 32. Every worker but w6 holds the shared
+// run [1,2,3] (engine hashes 101..103); in each round w1..w4 store their
+// tails under it, each on a goroutine of its own: [50,51], [50,52], [60],
+// [50]. The rounds take three turns:
+//
+//   - w6 stores [1,2,3,50,53] from the root: where no child hangs from
+//     the run's end, its walk extends the run, under its lock;
+//   - the same, while w5 removes [70], a child at the run's end: the run's
+//     end loses its last child while the others branch or extend there;
+//   - w7 holds [80,90] past the run's end, and w5 a child [70] under 80
+//     without 80 itself; w7 removes its blocks while w5 removes the
+//     child: one of the two must trim the run back to [1,2,3].
+//
+// After each round the tree must be well formed (no child duplicating its
+// parent's next block, children counted, no unneeded tail) and score every
+// tail exactly.
+func TestCompressedBranchStorm(t *testing.T) {
+	for _, procs := range []int{2, 32} {
+		t.Run(fmt.Sprintf("procs=%d", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			branchStorm(t)
+		})
+	}
+}
+
+func branchStorm(t *testing.T) {
+	h, w5, w6, w7 := kvevent.Worker{ID: 9}, kvevent.Worker{ID: 5}, kvevent.Worker{ID: 6}, kvevent.Worker{ID: 7}
+	ws := []kvevent.Worker{{ID: 1}, {ID: 2}, {ID: 3}, {ID: 4}}
+	tails := [][]uint64{{50, 51}, {50, 52}, {60}, {50}}
+	prefixed := []kvevent.Worker{ws[0], ws[1], ws[2], ws[3], w5, w7}
+	c := radix.NewCompressedTree()
+	apply := func(ev kvevent.RouterEvent) {
+		if err := c.Apply(ev); err != nil {
+			t.Error(err)
+		}
+	}
+	// A tail block's engine hash is its tokens hash + 1000: chain hashes,
+	// equal for equal blocks after the same prefix, whoever stores them.
+	tail := func(w kvevent.Worker, parent int64, toks ...uint64) kvevent.RouterEvent {
+		var pairs []uint64
+		for _, tok := range toks {
+			pairs = append(pairs, 1000+tok, tok)
+		}
+		return radixtest.Stored(w, parent, pairs...)
+	}
+	prefix := func(w kvevent.Worker) { apply(radixtest.Stored(w, -1, 101, 1, 102, 2, 103, 3)) }
+	score := func(q, tl []uint64) uint32 {
+		n := uint32(3)
+		for int(n)-3 < len(tl) && int(n) < len(q) && q[n] == tl[n-3] {
+			n++
+		}
+		return n
+	}
+	prefix(h)
+	var spin atomic.Int64
+	const rounds = 1500
+	for i := range rounds {
+		turn := i % 3
+		for _, w := range prefixed {
+			prefix(w)
+		}
+		var last func() // the round's removal
+		switch turn {
+		case 1:
+			apply(tail(w5, 103, 70))
+			last = func() { apply(radixtest.Removed(w5, 1070)) }
+		case 2:
+			apply(tail(w7, 103, 80, 90))
+			apply(tail(w5, 103, 80, 70))
+			apply(radixtest.Removed(w5, 1080))
+			last = func() { apply(radixtest.Removed(w5, 1070)) }
+		}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		do := func(k int, f func()) {
+			wg.Go(func() {
+				<-start
+				for range (i + 16*k) % 64 * 4 { // sweep the starts across each other
+					spin.Add(1)
+				}
+				f()
+			})
+		}
+		for k, tl := range tails {
+			do(k, func() { apply(tail(ws[k], 103, tl...)) })
+		}
+		if turn < 2 {
+			do(4, func() { apply(radixtest.Stored(w6, -1, 101, 1, 102, 2, 103, 3, 1050, 50, 1053, 53)) })
+		} else {
+			do(4, func() { apply(radixtest.Removed(w7, 1090, 1080)) })
+		}
+		if last != nil {
+			do(5, last)
+		}
+		close(start)
+		wg.Wait()
+		if _, err := radix.CompressedInvariants(c); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		for _, q := range [][]uint64{{1, 2, 3, 50, 51}, {1, 2, 3, 50, 52}, {1, 2, 3, 60}} {
+			want := radixtest.Scores{h: 3, w5: 3, w7: 3}
+			for k, tl := range tails {
+				want[ws[k]] = score(q, tl)
+			}
+			if turn < 2 {
+				want[w6] = score(q, []uint64{50, 53})
+			}
+			if got := c.FindMatches(q, false).Scores; !maps.Equal(got, want) {
+				t.Fatalf("round %d: %v scores %v, want %v", i, q, got, want)
+			}
+		}
+		for _, w := range append(prefixed, w6) {
+			apply(radixtest.Cleared(w))
+		}
+	}
+}

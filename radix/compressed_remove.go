@@ -3,7 +3,6 @@ package radix
 import (
 	"math/bits"
 	"slices"
-	"sync"
 	"sync/atomic"
 
 	"github.com/puzpuzpuz/xsync/v4"
@@ -191,8 +190,9 @@ func (r *crun) leave(xw *xworker, off uint32) {
 		// Words above the new top are zero: drop them, so that the next
 		// search for the top starts near it (tail-first eviction stays
 		// constant per block at any run length).
-		h.top = highestBit(h.bits)
-		h.bits = h.bits[:(h.top+63)/64]
+		top := highestBit(h.bits)
+		atomic.StoreUint32(&h.top, top)
+		h.bits = h.bits[:(top+63)/64]
 	}
 }
 
@@ -207,16 +207,19 @@ func highestBit(ws []uint64) uint32 {
 }
 
 // extent is how many leading blocks of r are needed: up to the highest
-// held by anyone or followed by a child run.
+// held by anyone or followed by a child run. It reads the holders before
+// the children, and needs no lock of r's (see unkid).
 func (r *crun) extent() uint32 {
 	var e uint32
 	hs := r.holderArray()
 	for i := range hs {
-		e = max(e, hs[i].top)
+		e = max(e, atomic.LoadUint32(&hs[i].top))
 	}
+	r.kmu.Lock()
 	if k := len(r.kids); k > 0 {
 		e = max(e, r.kids[k-1].off+1)
 	}
+	r.kmu.Unlock()
 	return e
 }
 
@@ -224,10 +227,8 @@ func (r *crun) extent() uint32 {
 // if nothing of it is needed; r is locked, and settle unlocks it; xw is
 // the worker whose event settles it (its writer stripe held: a run
 // deleted frees its id there, see runTable). A run to delete is first
-// trimmed to its first block here, under its own lock: drop deletes it
-// under its parent's too, which every store and removal through the
-// parent takes, and would hold it for a table release a block
-// (BenchmarkApplyParallel: siblings made and deleted under one run).
+// trimmed to its first block here: drop deletes a top-level run under its
+// root stripe too, which every store of that first block takes.
 func (t *CompressedTree) settle(r *crun, xw *xworker) {
 	e := r.extent()
 	t.trim(r, max(e, 1))
@@ -276,57 +277,83 @@ func (t *CompressedTree) trim(r *crun, e uint32) {
 	r.ver.Add(1)
 }
 
-// drop deletes r, unlocked, if it is still unneeded once its parent's lock
-// (the root stripe, for a top-level run) and its own are taken in that
-// order, then settles the parent, and so on up; xw as for settle.
+// drop deletes r, unlocked, if it is still unneeded once its lock is
+// taken, then settles its parent, and so on up; xw as for settle. A child
+// run is deleted under its own lock alone: a walk finds a child through
+// heads and checks that it is not dead once it holds its lock (descend,
+// branch), and its parent counts it until it is dead. Under the parent's
+// lock too, siblings made and deleted under one shared run queued on it
+// (results/README.md, "Again at c4a34a2").
 func (t *CompressedTree) drop(r *crun, xw *xworker) {
 	for r != nil {
 		p := r.parent
-		var up *sync.Mutex
-		if p != nil {
-			up = &p.mu
-		} else {
-			up = t.rootLock(r.first)
-		}
-		up.Lock()
-		r.mu.Lock()
-		if r.dead {
-			r.mu.Unlock()
-			up.Unlock()
-			return
-		}
-		if e := r.extent(); e > 0 {
-			// A store entered r while it was unlocked: r stays, trimmed to
-			// what that store (and anyone else) needs of it.
-			t.trim(r, e)
-			r.mu.Unlock()
-			up.Unlock()
-			return
-		}
-		r.dead = true
-		t.trim(r, 0)
-		t.unhang(r)
-		t.runs.del(r.id, &t.stripe(xw.worker.ID).ids)
-		r.mu.Unlock()
 		if p == nil {
-			up.Unlock()
+			t.dropTop(r, xw)
 			return
 		}
-		i, _ := p.kidAt(r.parentOff)
-		if p.kids[i].n--; p.kids[i].n == 0 {
-			p.kids = slices.Delete(p.kids, i, i+1)
-		}
-		if len(p.kids) == 0 {
-			p.kids = nil
-		}
-		if e := p.extent(); e > 0 {
-			t.trim(p, e)
-			up.Unlock()
+		r.mu.Lock()
+		if !t.kill(r, xw) {
 			return
 		}
-		up.Unlock()
-		r = p
+		r = t.unkid(p, r.parentOff)
 	}
+}
+
+// dropTop deletes r, a top-level run, under its root stripe: a store of
+// its first block finds or makes it under the stripe (walker.top).
+func (t *CompressedTree) dropTop(r *crun, xw *xworker) {
+	up := t.rootLock(r.first)
+	up.Lock()
+	r.mu.Lock()
+	t.kill(r, xw)
+	up.Unlock()
+}
+
+// kill deletes r (locked) if nothing of it is needed, and unlocks it. It
+// returns false if r was deleted already, or is needed: a store entered
+// it while it was unlocked, and it is trimmed to what that store (and
+// anyone else) needs of it.
+func (t *CompressedTree) kill(r *crun, xw *xworker) bool {
+	if r.dead {
+		r.mu.Unlock()
+		return false
+	}
+	if e := r.extent(); e > 0 {
+		t.trim(r, e)
+		r.mu.Unlock()
+		return false
+	}
+	r.dead = true
+	t.trim(r, 0)
+	t.unhang(r)
+	t.runs.del(r.id, &t.stripe(xw.worker.ID).ids)
+	r.mu.Unlock()
+	return true
+}
+
+// unkid stops p counting a child run at position off and trims p, under
+// its lock, if the child was what kept p's tail; it returns p if nothing
+// of p is needed any more (the caller drops it). The lock is not taken
+// where p's length is all needed (p.extent reads it without): whoever
+// lowers a holder of p holds p's lock and then reads p's children
+// (settle), so either it sees the count given back here or its holder is
+// seen here.
+func (t *CompressedTree) unkid(p *crun, off uint32) *crun {
+	p.uncountKid(off)
+	if p.extent() >= p.n.Load() {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dead {
+		return nil
+	}
+	e := p.extent()
+	if e == 0 {
+		return p
+	}
+	t.trim(p, e)
+	return nil
 }
 
 // unhang removes r from the map, atomically with other changes to its

@@ -182,8 +182,12 @@ func (t *CompressedTree) walk(xw *xworker, parent uint64, blocks []kvevent.Store
 	}
 	if parent != 0 {
 		r, off := t.unpack(parent) // held by xw, so live
-		r.mu.Lock()
-		wk.resume(r, off, i)
+		if wk.branch(r, off, i) {
+			i++
+		} else {
+			r.mu.Lock()
+			wk.resume(r, off, i)
+		}
 	} else {
 		for !wk.top() {
 		}
@@ -259,7 +263,7 @@ func (wk *walker) top() bool {
 	r := t.child(nil, 0, b.TokensHash)
 	made := r == nil
 	if made {
-		r = t.newRun(wk.xw, wk.s, nil, 0, b)
+		r, made = t.hang(wk.xw, wk.s, nil, 0, b)
 	}
 	if !t.descend(root, r) {
 		return false
@@ -270,25 +274,57 @@ func (wk *walker) top() bool {
 }
 
 // descend takes the lock of run r, found or made under the lock up (r's
-// parent's, or its root stripe; held), and releases up. Where r is free
-// (always, if just made: none but up's holder can find it yet) that is
-// hand over hand. Where it is not, up goes first: a walk waiting there
-// would hold up every store through up's run, as the first run's lock
-// held 16 writers (results/README.md, "Sixteen cores"). It returns false,
-// unlocked, if r was deleted meanwhile: the caller looks again under up.
+// parent's, or its root stripe; held, unless nil: found or made without
+// it), and releases up. Where r is free that is hand over hand. Where it
+// is not, up goes first: a walk waiting there would hold up every store
+// through up's run, as the first run's lock held 16 writers
+// (results/README.md, "Sixteen cores"). It returns false, unlocked, if r
+// was deleted meanwhile (a child run is deleted without its parent's
+// lock: drop): the caller looks again under up.
 func (t *CompressedTree) descend(up *sync.Mutex, r *crun) bool {
-	if r.mu.TryLock() {
+	free := r.mu.TryLock()
+	if up != nil {
 		up.Unlock()
-		return true
 	}
-	up.Unlock()
-	t.at(hookDescend)
-	r.mu.Lock()
+	if !free {
+		t.at(hookDescend)
+		r.mu.Lock()
+	}
 	if r.dead {
 		r.mu.Unlock()
 		return false
 	}
 	return true
+}
+
+// branch enters, locked, the child run that block i starts at position
+// off of p, which the walk's worker holds (so p keeps it), without p's
+// lock, making the child if there is none: siblings made and deleted
+// under one shared run (new conversations under a system prompt) queued
+// on its lock, 16 writers no faster than 4 (results/README.md, "Again at
+// c4a34a2"). It reports false where the block may belong in p itself (p's
+// own next block, or p's end with no child there: p may be extended), for
+// the walk under p's lock.
+func (wk *walker) branch(p *crun, off uint32, i int) bool {
+	t, b := wk.t, wk.blocks[i]
+	for {
+		c := t.child(p, off, b.TokensHash)
+		made := false
+		if c == nil {
+			if !p.mayHang(off, b.TokensHash) {
+				return false
+			}
+			if c, made = t.hang(wk.xw, wk.s, p, off, b); !made {
+				t.unkid(p, off) // nil: the worker holds off, so p stays
+			}
+		}
+		if !t.descend(nil, c) { // deleted before we took its lock: look again
+			continue
+		}
+		wk.enter(c, 0, i, made)
+		wk.s.locs[i] = pack(c, 0)
+		return true
+	}
 }
 
 // resume starts on r, locked, after position off, where the walk has
@@ -330,7 +366,7 @@ func (wk *walker) step(i int, room int) {
 	}
 	var c *crun
 	end := next == wk.n
-	kids := end && r.hasKidAt(wk.off)
+	kids := end && r.hasKids(wk.off) // no child is made there without r's lock while none is (mayHang)
 	if !end || kids {
 		c = wk.t.child(r, wk.off, key)
 	}
@@ -343,7 +379,10 @@ func (wk *walker) step(i int, room int) {
 	}
 	made := c == nil
 	if made {
-		c = wk.t.newRun(wk.xw, wk.s, r, wk.off, wk.blocks[i])
+		r.countKid(wk.off)
+		if c, made = wk.t.hang(wk.xw, wk.s, r, wk.off, wk.blocks[i]); !made {
+			r.uncountKid(wk.off) // r is locked: whoever settles it next sees it
+		}
 	}
 	wk.leave()
 	if !wk.t.descend(&r.mu, c) {
@@ -562,7 +601,7 @@ func (r *crun) hold(xw *xworker, from, to uint32, fresh []bool) {
 			h.held++
 		}
 	}
-	h.top = max(h.top, to+1)
+	atomic.StoreUint32(&h.top, max(h.top, to+1))
 	if cut := atomic.LoadUint32(&h.cut); cut >= from && cut <= to {
 		for cut = to + 1; cut < h.top && h.has(cut); cut++ {
 		}
@@ -586,24 +625,114 @@ func holderOf(hs []holder, xw *xworker) (int, bool) {
 	return lo, lo < len(hs) && hs[lo].w == xw
 }
 
+// kidAt finds the count of children at position off (kmu held).
 func (r *crun) kidAt(off uint32) (int, bool) {
 	return slices.BinarySearchFunc(r.kids, off, func(k kidCount, off uint32) int { return int(k.off) - int(off) })
 }
 
-func (r *crun) hasKidAt(off uint32) bool {
+// hasKids reports whether a child run hangs from position off.
+func (r *crun) hasKids(off uint32) bool {
+	r.kmu.Lock()
 	_, found := r.kidAt(off)
+	r.kmu.Unlock()
 	return found
 }
 
-// newRun creates a one-block run of block b hanging from position off of
-// parent (locked; for the root, the block's root stripe is). Its arrays
-// hold that block only: the walk's first push past it sizes them for the
-// rest of the event, under the new run's lock alone. Sized here, they
-// were allocated (zeroed, often in pages faulted in then) under the
-// parent's lock, shared by every path through it: a new conversation
-// under a system prompt held that run's lock 11 µs on average, most of a
-// store from the root's time under a shared lock (results/held-prefix.txt).
-// The run and its arrays are the store's spare, allocated before its
+// mayHang counts a child of first block key at position off of r, about
+// to be made without r's lock, if it belongs in a child: not where r's own
+// next block is key, nor at r's end with no child there (a walk holding
+// r's lock may extend r there: its blocks past the end are not published
+// until it leaves, so that end is r's end here). The count comes with the
+// check, so that no walk extends r from off meanwhile (walker.step reads
+// the count).
+func (r *crun) mayHang(off uint32, key uint64) bool {
+	r.kmu.Lock()
+	defer r.kmu.Unlock()
+	ks := r.view()
+	switch _, found := r.kidAt(off); {
+	case int(off)+1 < len(ks):
+		if ks[off+1] == key {
+			return false
+		}
+	case !found:
+		return false
+	}
+	r.addKid(off)
+	return true
+}
+
+// countKid counts a child about to be made at position off.
+func (r *crun) countKid(off uint32) {
+	r.kmu.Lock()
+	r.addKid(off)
+	r.kmu.Unlock()
+}
+
+// uncountKid gives back the count of a child at position off.
+func (r *crun) uncountKid(off uint32) {
+	r.kmu.Lock()
+	r.subKid(off)
+	r.kmu.Unlock()
+}
+
+// addKid counts a child at position off (kmu held).
+func (r *crun) addKid(off uint32) {
+	if i, found := r.kidAt(off); found {
+		r.kids[i].n++
+	} else {
+		r.kids = slices.Insert(r.kids, i, kidCount{off, 1})
+	}
+}
+
+// subKid stops counting a child at position off (kmu held).
+func (r *crun) subKid(off uint32) {
+	i, _ := r.kidAt(off)
+	if r.kids[i].n--; r.kids[i].n == 0 {
+		r.kids = slices.Delete(r.kids, i, i+1)
+	}
+	if len(r.kids) == 0 {
+		r.kids = nil
+	}
+}
+
+// hang returns the run of block b hanging from position off of parent (nil:
+// the root), made if none (true): found or made atomically in heads, since
+// a walk may make it without parent's lock (branch). parent has counted
+// it already (mayHang, or countKid under parent's lock); if one was found,
+// made meanwhile by another walk, the caller gives the count back.
+func (t *CompressedTree) hang(xw *xworker, s *storeScratch, parent *crun, off uint32, b kvevent.StoredBlock) (*crun, bool) {
+	r := t.newRun(xw, s, parent, off, b)
+	var found *crun
+	// Prepend to the key's chain, atomically with other changes to it (the
+	// chain may hold runs of other parents): a reader sees the chain with
+	// or without the new run, both well formed.
+	t.heads.Compute(t.edgeKey(parent, off, b.TokensHash), func(head *crun, loaded bool) (*crun, xsync.ComputeOp) {
+		for c := head; c != nil; c = c.collide.Load() {
+			if c.parent == parent && c.parentOff == off && c.first == b.TokensHash {
+				found = c
+				return head, xsync.CancelOp
+			}
+		}
+		if loaded {
+			r.collide.Store(head)
+		}
+		return r, xsync.UpdateOp
+	})
+	if found == nil {
+		return r, true
+	}
+	t.runs.del(r.id, &t.stripe(xw.worker.ID).ids) // r was never found
+	return found, false
+}
+
+// newRun creates a one-block run of block b to hang from position off of
+// parent (see hang). Its arrays hold that block only: the walk's first
+// push past it sizes them for the rest of the event, under the new run's
+// lock alone. Sized here, they were allocated (zeroed, often in pages
+// faulted in then) under the parent's lock, shared by every path through
+// it: a new conversation under a system prompt held that run's lock 11 µs
+// on average, most of a store from the root's time under a shared lock
+// (results/held-prefix.txt). The run and its arrays are the store's spare, allocated before its
 // first lock (storeScratch.spare): nothing is allocated here but for a
 // second run of one store. Its id comes from the spare ids of the writer
 // stripe of xw, the storing worker (held: see runTable).
@@ -622,22 +751,5 @@ func (t *CompressedTree) newRun(xw *xworker, s *storeScratch, parent *crun, off 
 	r.n.Store(1)
 	r.hw = 1
 	t.runs.add(r, &t.stripe(xw.worker.ID).ids)
-	if parent != nil {
-		i, found := parent.kidAt(off)
-		if found {
-			parent.kids[i].n++
-		} else {
-			parent.kids = slices.Insert(parent.kids, i, kidCount{off, 1})
-		}
-	}
-	// Prepend to the key's chain, atomically with other changes to it (the
-	// chain may hold runs of other parents): a reader sees the chain with
-	// or without the new run, both well formed.
-	t.heads.Compute(t.edgeKey(parent, off, key), func(head *crun, loaded bool) (*crun, xsync.ComputeOp) {
-		if loaded {
-			r.collide.Store(head)
-		}
-		return r, xsync.UpdateOp
-	})
 	return r
 }

@@ -1,6 +1,7 @@
 package radix_test
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -692,5 +693,49 @@ func TestCompressedRunIDsBounded(t *testing.T) {
 	handed, live := radix.RunIDs(c)
 	if live != 0 || handed > radix.SpareRunIDs+radix.RunIDBatch {
 		t.Fatalf("%d ids handed out for %d live runs (at most %d spare)", handed, live, radix.SpareRunIDs)
+	}
+}
+
+// A store that makes a child of a position its worker holds, and the
+// removal that deletes that child, do not take the parent's lock: siblings
+// made and deleted under one shared run (new conversations under a system
+// prompt) queued on it, 16 writers no faster than 4 (results/README.md,
+// "Again at c4a34a2"). Here the shared run [1,2,3] is locked throughout
+// (w2 holds all of it, w1 [1,2]), so w1's [4,5] goes on in a child of
+// position 2. Before, this test timed out.
+func TestCompressedSiblingsWithoutParentLock(t *testing.T) {
+	w1, w2 := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2}
+	c := radix.NewCompressedTree()
+	for _, ev := range []kvevent.RouterEvent{
+		radixtest.Stored(w1, -1, 11, 1, 12, 2),
+		radixtest.Stored(w2, -1, 11, 1, 12, 2, 13, 3),
+	} {
+		if err := c.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unlock := sync.OnceFunc(radix.LockRunOf(c, 1, 2))
+	done := make(chan error, 1)
+	go func() {
+		for range 3 {
+			if err := c.Apply(radixtest.Stored(w1, 12, 14, 4, 15, 5)); err != nil {
+				done <- err
+				return
+			}
+			if got, want := c.FindMatches([]uint64{1, 2, 4, 5}, false).Scores, (radixtest.Scores{w1: 4, w2: 2}); !maps.Equal(got, want) {
+				done <- fmt.Errorf("scores %v, want %v", got, want)
+				return
+			}
+			if err := c.Apply(radixtest.Removed(w1, 15, 14)); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	await(t, done, unlock, "the store or removal of a child waited 10 s for its parent's lock")
+	unlock()
+	if runs, err := radix.CompressedInvariants(c); err != nil || runs != 1 {
+		t.Fatalf("%d runs (want 1), %v", runs, err)
 	}
 }
