@@ -366,7 +366,9 @@ func (wk *walker) step(i int, room int) {
 	}
 	var c *crun
 	end := next == wk.n
-	kids := end && r.hasKids(wk.off) // no child is made there without r's lock while none is (mayHang)
+	// Children hang only below the published length (r's lock held: it
+	// stays), none made there without the lock while none is (mayHang).
+	kids := end && wk.off < r.n.Load() && r.hasKids(wk.off)
 	if !end || kids {
 		c = wk.t.child(r, wk.off, key)
 	}
