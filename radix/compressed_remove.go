@@ -207,20 +207,31 @@ func highestBit(ws []uint64) uint32 {
 }
 
 // extent is how many leading blocks of r are needed: up to the highest
-// held by anyone or followed by a child run. It reads the holders before
-// the children, and needs no lock of r's (see unkid).
+// held by anyone or followed by a child run.
 func (r *crun) extent() uint32 {
+	r.kmu.Lock()
+	e := r.kidsExtent()
+	r.kmu.Unlock()
+	return max(e, r.holdersExtent())
+}
+
+// holdersExtent is how many leading blocks of r its holders need. It
+// needs no lock of r's (see unkid).
+func (r *crun) holdersExtent() uint32 {
 	var e uint32
 	hs := r.holderArray()
 	for i := range hs {
 		e = max(e, atomic.LoadUint32(&hs[i].top))
 	}
-	r.kmu.Lock()
-	if k := len(r.kids); k > 0 {
-		e = max(e, r.kids[k-1].off+1)
-	}
-	r.kmu.Unlock()
 	return e
+}
+
+// kidsExtent is how many leading blocks of r its children need (kmu held).
+func (r *crun) kidsExtent() uint32 {
+	if k := len(r.kids); k > 0 {
+		return r.kids[k-1].off + 1
+	}
+	return 0
 }
 
 // settle trims r's unneeded tail, or deletes r (and settles its parents)
@@ -334,13 +345,12 @@ func (t *CompressedTree) kill(r *crun, xw *xworker) bool {
 // unkid stops p counting a child run at position off and trims p, under
 // its lock, if the child was what kept p's tail; it returns p if nothing
 // of p is needed any more (the caller drops it). The lock is not taken
-// where p's length is all needed (p.extent reads it without): whoever
-// lowers a holder of p holds p's lock and then reads p's children
-// (settle), so either it sees the count given back here or its holder is
-// seen here.
+// where p's length is all needed, read without it: whoever lowers a
+// holder of p holds p's lock and then reads p's children (settle), so
+// either it sees the count given back here or its holder is seen here,
+// read after.
 func (t *CompressedTree) unkid(p *crun, off uint32) *crun {
-	p.uncountKid(off)
-	if p.extent() >= p.n.Load() {
+	if max(p.uncountKid(off), p.holdersExtent()) >= p.n.Load() {
 		return nil
 	}
 	p.mu.Lock()

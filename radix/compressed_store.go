@@ -670,11 +670,14 @@ func (r *crun) countKid(off uint32) {
 	r.kmu.Unlock()
 }
 
-// uncountKid gives back the count of a child at position off.
-func (r *crun) uncountKid(off uint32) {
+// uncountKid gives back the count of a child at position off, and
+// returns how many leading blocks of r its children still need.
+func (r *crun) uncountKid(off uint32) uint32 {
 	r.kmu.Lock()
 	r.subKid(off)
+	e := r.kidsExtent()
 	r.kmu.Unlock()
+	return e
 }
 
 // addKid counts a child at position off (kmu held).
