@@ -276,9 +276,11 @@ type crun struct {
 	// worker holds without the run's lock (walker.branch), and a child is
 	// deleted without it (drop), so that siblings made and deleted under
 	// one shared run do not queue on its lock. kids counts a child before
-	// it can be found (hang) and until it is dead.
-	kmu  sync.Mutex
-	kids []kidCount
+	// it can be found (hang) and until it is dead; nkids is how many, for
+	// a look without the lock (crun.mayBranch).
+	kmu   sync.Mutex
+	kids  []kidCount
+	nkids atomic.Int32
 }
 
 // kidCount counts the child runs hanging from one position.

@@ -307,6 +307,9 @@ func (t *CompressedTree) descend(up *sync.Mutex, r *crun) bool {
 // the walk under p's lock.
 func (wk *walker) branch(p *crun, off uint32, i int) bool {
 	t, b := wk.t, wk.blocks[i]
+	if !p.mayBranch(off, b.TokensHash) {
+		return false
+	}
 	for {
 		c := t.child(p, off, b.TokensHash)
 		made := false
@@ -640,6 +643,18 @@ func (r *crun) hasKids(off uint32) bool {
 	return found
 }
 
+// mayBranch reports, without a lock, whether block key may start a child
+// at position off of r: not if it is r's own next block, nor at r's end
+// while r has no child at all (a store appending to a conversation),
+// where the walk takes r's lock without looking for a child first. A
+// false answer is always safe: that walk finds or makes the child too.
+func (r *crun) mayBranch(off uint32, key uint64) bool {
+	if ks := r.view(); int(off)+1 < len(ks) {
+		return ks[off+1] != key
+	}
+	return r.nkids.Load() > 0
+}
+
 // mayHang counts a child of first block key at position off of r, about
 // to be made without r's lock, if it belongs in a child: not where r's own
 // next block is key, nor at r's end with no child there (a walk holding
@@ -682,6 +697,7 @@ func (r *crun) uncountKid(off uint32) uint32 {
 
 // addKid counts a child at position off (kmu held).
 func (r *crun) addKid(off uint32) {
+	r.nkids.Add(1)
 	if i, found := r.kidAt(off); found {
 		r.kids[i].n++
 	} else {
@@ -691,6 +707,7 @@ func (r *crun) addKid(off uint32) {
 
 // subKid stops counting a child at position off (kmu held).
 func (r *crun) subKid(off uint32) {
+	r.nkids.Add(-1)
 	i, _ := r.kidAt(off)
 	if r.kids[i].n--; r.kids[i].n == 0 {
 		r.kids = slices.Delete(r.kids, i, i+1)
