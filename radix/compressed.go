@@ -93,12 +93,19 @@ import (
 //     run's children are found or created under its lock, top-level runs
 //     under one of rootStripes locks chosen by the first block; the next
 //     run is locked before the last is released where it is free, and
-//     after, checking that it still lives, where it is not), and updates
-//     its holder entry in each run while holding that run's lock. Locks are
-//     taken parent before child, never the other way: a removal that
-//     empties a run releases it, then locks the parent and the run again
-//     and checks that the run is still unneeded before deleting it. The
-//     table of engine hashes is written without locks (see chainTable):
+//     after, where it is not; a run found is checked to be alive once
+//     locked), and updates its holder entry in each run while holding that
+//     run's lock. Where the walk's first new block starts a child of a
+//     position its worker holds, the child is found or made without the
+//     parent's lock: heads finds or hangs it atomically, and the parent
+//     counts its children under a small lock of their own (kmu), which
+//     a walk extending the run in place reads too. Locks are taken parent
+//     before child, never the other way, and kmu last: a removal that
+//     empties a run releases it, then locks it again (a top-level run
+//     under its root stripe) and checks that it is still unneeded before
+//     deleting it; its parent stops counting it, and is locked only if
+//     its length may now exceed what is needed of it. The table of engine
+//     hashes is written without locks (see chainTable):
 //     a block's claim while its run is locked, at its creation, its
 //     release when it is trimmed. A hash re-pointed by the event leaves
 //     its old block after the walk, so the path just stored is never
