@@ -279,11 +279,14 @@ func TestCompressedTrimStorm(t *testing.T) {
 // store into the same run, each on a goroutine of its own, at GOMAXPROCS
 // 2 and 32, and after each round the tree must keep no unneeded tail.
 // Before the fix about one round in ten kept one.
-func TestCompressedDropStorm(t *testing.T) {
+func TestCompressedDropStorm(t *testing.T) { atProcs(t, dropStorm) }
+
+// atProcs runs f as subtests at GOMAXPROCS 2 and 32.
+func atProcs(t *testing.T, f func(*testing.T)) {
 	for _, procs := range []int{2, 32} {
 		t.Run(fmt.Sprintf("procs=%d", procs), func(t *testing.T) {
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
-			dropStorm(t)
+			f(t)
 		})
 	}
 }
@@ -357,14 +360,7 @@ func dropStorm(t *testing.T) {
 // After each round the tree must be well formed (no child duplicating its
 // parent's next block, children counted, no unneeded tail) and score every
 // tail exactly.
-func TestCompressedBranchStorm(t *testing.T) {
-	for _, procs := range []int{2, 32} {
-		t.Run(fmt.Sprintf("procs=%d", procs), func(t *testing.T) {
-			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
-			branchStorm(t)
-		})
-	}
-}
+func TestCompressedBranchStorm(t *testing.T) { atProcs(t, branchStorm) }
 
 func branchStorm(t *testing.T) {
 	h, w5, w6, w7 := kvevent.Worker{ID: 9}, kvevent.Worker{ID: 5}, kvevent.Worker{ID: 6}, kvevent.Worker{ID: 7}
