@@ -7,10 +7,10 @@
 # -lanes 1,2,4,8, 3 fresh processes each, at two windows.
 # Runs a prebuilt bench.test if BENCH_BIN is set and a prebuilt loadgen if
 # LOADGEN_BIN is (for machines without Go), else builds them. With
-# PROFILES=DIR it also writes to DIR where the writers wait at the last
-# -cpu value: block and mutex profiles of BenchmarkParallelStore and
-# BenchmarkApplyParallel on the CompressedTree (read them with go tool
-# pprof -top BENCH_BIN FILE).
+# PROFILES=DIR it also writes to DIR where the writers wait and spend at
+# the last -cpu value: block, mutex and CPU profiles of
+# BenchmarkParallelStore and BenchmarkApplyParallel on the CompressedTree
+# (read them with go tool pprof -top BENCH_BIN FILE).
 #
 # Each -cpu value runs in a process of its own: the testing package makes
 # a benchmark's first call at the -cpu list's last value (golang/go#49980),
@@ -59,9 +59,11 @@ if [ -n "${PROFILES:-}" ]; then
   (
     cd bench
     "$bin" -test.run '^$' -test.bench 'ParallelStore/impl=compressed$' -test.cpu "$top" -test.benchtime 2x \
-      -test.blockprofile "$dir/parallelstore.block" -test.mutexprofile "$dir/parallelstore.mutex" -test.mutexprofilefraction 5
+      -test.blockprofile "$dir/parallelstore.block" -test.mutexprofile "$dir/parallelstore.mutex" -test.mutexprofilefraction 5 \
+      -test.cpuprofile "$dir/parallelstore.cpu"
     "$bin" -test.run '^$' -test.bench 'ApplyParallel/impl=compressed' -test.cpu "$top" -test.benchtime 1s \
-      -test.blockprofile "$dir/applyparallel.block" -test.mutexprofile "$dir/applyparallel.mutex" -test.mutexprofilefraction 5
+      -test.blockprofile "$dir/applyparallel.block" -test.mutexprofile "$dir/applyparallel.mutex" -test.mutexprofilefraction 5 \
+      -test.cpuprofile "$dir/applyparallel.cpu"
   ) | tee "$dir/profiled.txt"
 fi
 {
