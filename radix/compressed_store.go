@@ -649,10 +649,17 @@ func (r *crun) hasKids(off uint32) bool {
 // where the walk takes r's lock without looking for a child first. A
 // false answer is always safe: that walk finds or makes the child too.
 func (r *crun) mayBranch(off uint32, key uint64) bool {
+	return r.childFits(off, key, r.nkids.Load() > 0)
+}
+
+// childFits reports whether block key belongs in a child at position off
+// of r: where it is not r's own next block, and at r's end only where
+// children hang (kids), r being extended there otherwise.
+func (r *crun) childFits(off uint32, key uint64, kids bool) bool {
 	if ks := r.view(); int(off)+1 < len(ks) {
 		return ks[off+1] != key
 	}
-	return r.nkids.Load() > 0
+	return kids
 }
 
 // mayHang counts a child of first block key at position off of r, about
@@ -665,13 +672,7 @@ func (r *crun) mayBranch(off uint32, key uint64) bool {
 func (r *crun) mayHang(off uint32, key uint64) bool {
 	r.kmu.Lock()
 	defer r.kmu.Unlock()
-	ks := r.view()
-	switch _, found := r.kidAt(off); {
-	case int(off)+1 < len(ks):
-		if ks[off+1] == key {
-			return false
-		}
-	case !found:
+	if _, found := r.kidAt(off); !r.childFits(off, key, found) {
 		return false
 	}
 	r.addKid(off)

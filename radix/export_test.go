@@ -305,7 +305,13 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 		}
 	}
 	for _, r := range all {
-		want := kids[r]
+		want, n := kids[r], uint32(0)
+		for _, k := range r.kids {
+			n += k.n
+		}
+		if got := r.nkids.Load(); got != int32(n) {
+			return runs, fmt.Errorf("run %d counts %d children in all, has %d", r.id, got, n)
+		}
 		if len(want) != len(r.kids) {
 			return runs, fmt.Errorf("run %d counts children at %d positions, has %d", r.id, len(r.kids), len(want))
 		}
