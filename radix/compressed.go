@@ -98,16 +98,17 @@ import (
 //     run's lock. Where the walk's first new block starts a child of a
 //     position its worker holds, the child is found or made without the
 //     parent's lock: heads finds or hangs it atomically, and the parent
-//     counts its children under a small lock of their own (kmu), which
-//     a walk extending the run in place reads too. Locks are taken parent
-//     before child, never the other way, and kmu last: a removal that
-//     empties a run releases it, then locks it again (a top-level run
-//     under its root stripe) and checks that it is still unneeded before
-//     deleting it; its parent stops counting it, and is locked only if
-//     its length may now exceed what is needed of it. The table of engine
-//     hashes is written without locks (see chainTable):
-//     a block's claim while its run is locked, at its creation, its
-//     release when it is trimmed. A hash re-pointed by the event leaves
+//     counts its children by position, atomically where children hang
+//     already, and under a small lock of their own (kmu) where a count
+//     rises from zero, which a walk extending the run in place reads under
+//     it too (crun.mayHang). Locks are taken parent before child, never
+//     the other way, and kmu last: a removal that empties a run releases
+//     it, then locks it again (a top-level run under its root stripe) and
+//     checks that it is still unneeded before deleting it; its parent
+//     stops counting it, and is locked only if its length may now exceed
+//     what is needed of it. The table of engine hashes is written without
+//     locks (see chainTable): a block's claim while its run is locked, at
+//     its creation, its release when it is trimmed. A hash re-pointed by the event leaves
 //     its old block after the walk, so the path just stored is never
 //     trimmed under it.
 //   - The tree-wide tables are concurrent: run ids in a chunked array whose
@@ -180,6 +181,13 @@ const (
 	// hookDescend: a store found the run it goes on in locked, released
 	// the parent's lock (or the root stripe) and has not yet waited for it.
 	hookDescend
+	// hookBranch: a store found no child where its next block may start
+	// one, under a position its worker holds, without the run's lock, and
+	// has not yet counted one (walker.branch).
+	hookBranch
+	// hookLeave: a store has walked a run, locked, and not yet published
+	// the blocks it appended to it (walker.leave).
+	hookLeave
 )
 
 // at calls the test hook, if any.
@@ -278,20 +286,31 @@ type crun struct {
 	hw      uint32 // the longest length published for the current array
 	dead    bool   // deleted: unreachable, and never to be written again
 
-	// Where child runs hang, under kmu, a lock taken alone or under mu,
-	// never the other way round: a store makes a child of a position its
+	// Where child runs hang: a store makes a child of a position its
 	// worker holds without the run's lock (walker.branch), and a child is
 	// deleted without it (drop), so that siblings made and deleted under
 	// one shared run do not queue on its lock. kids counts a child before
-	// it can be found (hang) and until it is dead; nkids is how many, for
-	// a look without the lock (crun.mayBranch).
-	kmu   sync.Mutex
-	kids  []kidCount
-	nkids atomic.Int32
+	// it can be found (hang) and until it is dead, by position: one more
+	// child where children hang already, and one less, are atomic adds to
+	// the position's count; the first child of a position (a count from
+	// zero), a new position, and the look of a walk about to extend the
+	// run in place (walker.step) take kmu, a lock taken alone or under mu,
+	// never the other way round (see crun.mayHang).
+	kmu  sync.Mutex
+	kids atomic.Pointer[kidSet]
 }
 
+// kidSet is where a run's children hang: a count for each position, by
+// position. A set is immutable but for its counts: a new position is a
+// new set (under kmu), with the counts of the old one's positions (the
+// same kidCounts) but those at zero, which a set keeps till then.
+type kidSet []*kidCount
+
 // kidCount counts the child runs hanging from one position.
-type kidCount struct{ off, n uint32 }
+type kidCount struct {
+	off uint32
+	n   atomic.Int32
+}
 
 // holder is a worker's claim on a run. Readers read w and cut (atomically);
 // the rest is the writers', under the run's lock.

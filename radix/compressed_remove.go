@@ -209,10 +209,7 @@ func highestBit(ws []uint64) uint32 {
 // extent is how many leading blocks of r are needed: up to the highest
 // held by anyone or followed by a child run.
 func (r *crun) extent() uint32 {
-	r.kmu.Lock()
-	e := r.kidsExtent()
-	r.kmu.Unlock()
-	return max(e, r.holdersExtent())
+	return max(r.kidsExtent(), r.holdersExtent())
 }
 
 // holdersExtent is how many leading blocks of r its holders need. It
@@ -226,10 +223,17 @@ func (r *crun) holdersExtent() uint32 {
 	return e
 }
 
-// kidsExtent is how many leading blocks of r its children need (kmu held).
+// kidsExtent is how many leading blocks of r its children need. It needs
+// no lock of r's (see unkid).
 func (r *crun) kidsExtent() uint32 {
-	if k := len(r.kids); k > 0 {
-		return r.kids[k-1].off + 1
+	ks := r.kids.Load()
+	if ks == nil {
+		return 0
+	}
+	for i := len(*ks) - 1; i >= 0; i-- {
+		if k := (*ks)[i]; k.n.Load() > 0 {
+			return k.off + 1
+		}
 	}
 	return 0
 }

@@ -185,7 +185,7 @@ func (t *CompressedTree) walk(xw *xworker, parent uint64, blocks []kvevent.Store
 		if wk.branch(r, off, i) {
 			i++
 		} else {
-			r.mu.Lock()
+			t.descend(nil, r) // true: held by xw, r is live
 			wk.resume(r, off, i)
 		}
 	} else {
@@ -314,6 +314,7 @@ func (wk *walker) branch(p *crun, off uint32, i int) bool {
 		c := t.child(p, off, b.TokensHash)
 		made := false
 		if c == nil {
+			t.at(hookBranch)
 			if !p.mayHang(off, b.TokensHash) {
 				return false
 			}
@@ -502,6 +503,7 @@ func hasBit(ws []uint64, i uint32) bool {
 // read a block's engine hash only below it (crun.eng).
 func (wk *walker) leave() {
 	r := wk.r
+	wk.t.at(hookLeave)
 	if wk.n != r.n.Load() {
 		r.n.Store(wk.n)
 		r.hw = max(r.hw, wk.n)
@@ -630,26 +632,43 @@ func holderOf(hs []holder, xw *xworker) (int, bool) {
 	return lo, lo < len(hs) && hs[lo].w == xw
 }
 
-// kidAt finds the count of children at position off (kmu held).
-func (r *crun) kidAt(off uint32) (int, bool) {
-	return slices.BinarySearchFunc(r.kids, off, func(k kidCount, off uint32) int { return int(k.off) - int(off) })
+// kidAt returns the count of children at position off, nil if there is
+// none (as there is none where it is zero).
+func (r *crun) kidAt(off uint32) *kidCount {
+	ks := r.kids.Load()
+	if ks == nil {
+		return nil
+	}
+	i, found := slices.BinarySearchFunc(*ks, off, func(k *kidCount, off uint32) int { return int(k.off) - int(off) })
+	if !found {
+		return nil
+	}
+	return (*ks)[i]
 }
 
-// hasKids reports whether a child run hangs from position off.
+// kidsAt reports whether a child run hangs from position off.
+func (r *crun) kidsAt(off uint32) bool {
+	k := r.kidAt(off)
+	return k != nil && k.n.Load() > 0
+}
+
+// hasKids reports whether a child run hangs from position off, for a walk
+// holding r's lock about to extend r in place there: under kmu, so that it
+// comes before or after a first child's check and count (mayHang).
 func (r *crun) hasKids(off uint32) bool {
 	r.kmu.Lock()
-	_, found := r.kidAt(off)
+	found := r.kidsAt(off)
 	r.kmu.Unlock()
 	return found
 }
 
 // mayBranch reports, without a lock, whether block key may start a child
 // at position off of r: not if it is r's own next block, nor at r's end
-// while r has no child at all (a store appending to a conversation),
-// where the walk takes r's lock without looking for a child first. A
-// false answer is always safe: that walk finds or makes the child too.
+// while no child hangs there (a store appending to a conversation), where
+// the walk takes r's lock without looking for a child first. A false
+// answer is always safe: that walk finds or makes the child too.
 func (r *crun) mayBranch(off uint32, key uint64) bool {
-	return r.childFits(off, key, r.nkids.Load() > 0)
+	return r.childFits(off, key, r.kidsAt(off))
 }
 
 // childFits reports whether block key belongs in a child at position off
@@ -666,13 +685,32 @@ func (r *crun) childFits(off uint32, key uint64, kids bool) bool {
 // to be made without r's lock, if it belongs in a child: not where r's own
 // next block is key, nor at r's end with no child there (a walk holding
 // r's lock may extend r there: its blocks past the end are not published
-// until it leaves, so that end is r's end here). The count comes with the
-// check, so that no walk extends r from off meanwhile (walker.step reads
-// the count).
+// until it leaves, so that end is r's end here).
+//
+// Where children hang at off already, the count goes up by a
+// compare-and-swap from a count above zero, and the check comes after,
+// with r's blocks read after the count: a walk that extends r in place
+// read no child there (hasKids), and no count rises from zero at r's end
+// while it holds r's lock, so it extends only where this check sees its
+// blocks, or sees r's end with children that were there before it looked
+// (and it did not extend). A count from zero is counted with its check
+// under kmu, as the walk's look is: the count of a child that does not
+// fit must not lead another walk to count one more at r's end.
 func (r *crun) mayHang(off uint32, key uint64) bool {
+	if k := r.kidAt(off); k != nil {
+		for c := k.n.Load(); c > 0; c = k.n.Load() {
+			if k.n.CompareAndSwap(c, c+1) {
+				if r.childFits(off, key, true) {
+					return true
+				}
+				k.n.Add(-1) // the worker holds off: r needs it still, untrimmed
+				return false
+			}
+		}
+	}
 	r.kmu.Lock()
 	defer r.kmu.Unlock()
-	if _, found := r.kidAt(off); !r.childFits(off, key, found) {
+	if !r.childFits(off, key, r.kidsAt(off)) {
 		return false
 	}
 	r.addKid(off)
@@ -689,33 +727,31 @@ func (r *crun) countKid(off uint32) {
 // uncountKid gives back the count of a child at position off, and
 // returns how many leading blocks of r its children still need.
 func (r *crun) uncountKid(off uint32) uint32 {
-	r.kmu.Lock()
-	r.subKid(off)
-	e := r.kidsExtent()
-	r.kmu.Unlock()
-	return e
+	r.kidAt(off).n.Add(-1) // counted: its position stays in the set
+	return r.kidsExtent()
 }
 
-// addKid counts a child at position off (kmu held).
+// addKid counts a child at position off (kmu held), in a new set if off
+// is a new position.
 func (r *crun) addKid(off uint32) {
-	r.nkids.Add(1)
-	if i, found := r.kidAt(off); found {
-		r.kids[i].n++
-	} else {
-		r.kids = slices.Insert(r.kids, i, kidCount{off, 1})
+	if k := r.kidAt(off); k != nil {
+		k.n.Add(1)
+		return
 	}
-}
-
-// subKid stops counting a child at position off (kmu held).
-func (r *crun) subKid(off uint32) {
-	r.nkids.Add(-1)
-	i, _ := r.kidAt(off)
-	if r.kids[i].n--; r.kids[i].n == 0 {
-		r.kids = slices.Delete(r.kids, i, i+1)
+	k := &kidCount{off: off}
+	k.n.Store(1)
+	var ks kidSet
+	if old := r.kids.Load(); old != nil {
+		ks = make(kidSet, 0, len(*old)+1)
+		for _, o := range *old {
+			if o.n.Load() > 0 { // a count at zero is not raised outside kmu
+				ks = append(ks, o)
+			}
+		}
 	}
-	if len(r.kids) == 0 {
-		r.kids = nil
-	}
+	i, _ := slices.BinarySearchFunc(ks, off, func(k *kidCount, off uint32) int { return int(k.off) - int(off) })
+	ks = slices.Insert(ks, i, k)
+	r.kids.Store(&ks)
 }
 
 // hang returns the run of block b hanging from position off of parent (nil:

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -737,5 +738,111 @@ func TestCompressedSiblingsWithoutParentLock(t *testing.T) {
 	unlock()
 	if runs, err := radix.CompressedInvariants(c); err != nil || runs != 1 {
 		t.Fatalf("%d runs (want 1), %v", runs, err)
+	}
+}
+
+// One more child of a position where children hang is counted without
+// the run's lock, and checked after the count against the run's blocks
+// read then: read before, they may be gone, and the block the store's own
+// next. Here w4 (b) finds [1,2,3,40] with a child [60] at 3 and no child
+// [50]; before it counts one, [60] and 40 go, w5 extends the run by 50
+// in place and w6 hangs [61] at 3. b's count, from [61]'s, must see 50:
+// b holds the run's own next block, not a child duplicating it.
+func TestCompressedBranchChecksAfterCount(t *testing.T) {
+	h, a, k, b, w, k2 := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2}, kvevent.Worker{ID: 3}, kvevent.Worker{ID: 4}, kvevent.Worker{ID: 5}, kvevent.Worker{ID: 6}
+	c := radix.NewCompressedTree()
+	apply := func(evs ...kvevent.RouterEvent) error {
+		for _, ev := range evs {
+			if err := c.Apply(ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	prefix := func(w kvevent.Worker) kvevent.RouterEvent { return radixtest.Stored(w, -1, 101, 1, 102, 2, 103, 3) }
+	if err := apply(prefix(h), radixtest.Stored(a, -1, 101, 1, 102, 2, 103, 3, 1040, 40),
+		prefix(k), radixtest.Stored(k, 103, 1060, 60), prefix(b), prefix(k2)); err != nil {
+		t.Fatal(err)
+	}
+	var hooked error
+	first := true // k2's store looks for a child too, within b's
+	radix.SetCompressedHook(c, func(p radix.HookPoint) {
+		if p == radix.HookBranch && first {
+			first = false
+			hooked = apply(radixtest.Removed(k, 1060), radixtest.Removed(a, 1040),
+				radixtest.Stored(w, -1, 101, 1, 102, 2, 103, 3, 1050, 50), radixtest.Stored(k2, 103, 1061, 61))
+		}
+	})
+	if err := apply(radixtest.Stored(b, 103, 1050, 50)); err != nil || hooked != nil {
+		t.Fatal(err, hooked)
+	}
+	if runs, err := radix.CompressedInvariants(c); err != nil || runs != 2 {
+		t.Fatalf("%d runs (want 2: [1,2,3,50] and [61]), %v", runs, err)
+	}
+	want := radixtest.Scores{h: 3, a: 3, k: 3, b: 4, w: 4, k2: 3}
+	if got := c.FindMatches([]uint64{1, 2, 3, 50}, false).Scores; !maps.Equal(got, want) {
+		t.Fatalf("scores %v, want %v", got, want)
+	}
+}
+
+// At a run's end a child is counted without the run's lock only from a
+// count above zero: a walk holding the lock that saw no child there
+// extends the run in place, and publishes its blocks only when it leaves
+// the run. Here w4 (b) finds [1,2,3] with a child [70] at its end; before
+// b counts a child [50], [70] goes, and w5 extends the run by 50 in place
+// and stops before it publishes. b must wait for the run's lock, then hold
+// its 50, not hang a child [50] beside it.
+func TestCompressedBranchAtEndCountsFromOne(t *testing.T) {
+	h, a, k, b, w := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2}, kvevent.Worker{ID: 3}, kvevent.Worker{ID: 4}, kvevent.Worker{ID: 5}
+	c := radix.NewCompressedTree()
+	prefix := func(w kvevent.Worker) kvevent.RouterEvent { return radixtest.Stored(w, -1, 101, 1, 102, 2, 103, 3) }
+	for _, ev := range []kvevent.RouterEvent{prefix(h), radixtest.Stored(a, -1, 101, 1, 102, 2, 103, 3, 1040, 40),
+		prefix(k), radixtest.Stored(k, 103, 1070, 70), radixtest.Removed(a, 1040), prefix(b)} { // [70] at the end of [1,2,3]
+		if err := c.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	atBranch, goBranch, left, goLeave, waited := make(chan error, 1), make(chan struct{}), make(chan error, 1), make(chan struct{}), make(chan error, 1)
+	var branched, leaving, waiting atomic.Bool // the first of each stops
+	radix.SetCompressedHook(c, func(p radix.HookPoint) {
+		switch {
+		case p == radix.HookBranch && branched.CompareAndSwap(false, true):
+			atBranch <- nil
+			<-goBranch
+		case p == radix.HookLeave && leaving.CompareAndSwap(false, true):
+			left <- nil
+			<-goLeave
+		case p == radix.HookDescend && waiting.CompareAndSwap(false, true):
+			waited <- nil
+		}
+	})
+	openBranch, openLeave := sync.OnceFunc(func() { close(goBranch) }), sync.OnceFunc(func() { close(goLeave) })
+	release := func() { openBranch(); openLeave() }
+	defer release()
+	bDone, wDone := make(chan error, 1), make(chan error, 1)
+	go func() { bDone <- c.Apply(radixtest.Stored(b, 103, 1050, 50)) }()
+	await(t, atBranch, release, "b never looked for a child at the run's end")
+	if err := c.Apply(radixtest.Removed(k, 1070)); err != nil {
+		t.Fatal(err)
+	}
+	go func() { wDone <- c.Apply(radixtest.Stored(w, -1, 101, 1, 102, 2, 103, 3, 1050, 50)) }()
+	await(t, left, release, "w never left the run it extends")
+	openBranch()
+	select { // b waits for the run's lock, held by w (or, wrongly, is done)
+	case <-waited:
+	case err := <-bDone:
+		bDone <- err
+	case <-time.After(10 * time.Second):
+		t.Fatal("b neither waited for the run's lock nor finished")
+	}
+	openLeave()
+	await(t, wDone, func() {}, "w's store never finished")
+	await(t, bDone, func() {}, "b's store never finished")
+	if runs, err := radix.CompressedInvariants(c); err != nil || runs != 1 {
+		t.Fatalf("%d runs (want 1: [1,2,3,50]), %v", runs, err)
+	}
+	want := radixtest.Scores{h: 3, a: 3, k: 3, b: 4, w: 4}
+	if got := c.FindMatches([]uint64{1, 2, 3, 50}, false).Scores; !maps.Equal(got, want) {
+		t.Fatalf("scores %v, want %v", got, want)
 	}
 }

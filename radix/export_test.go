@@ -297,7 +297,7 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 			}
 			members += int(cnt)
 		}
-		if len(hs) == 0 && len(r.kids) == 0 {
+		if len(hs) == 0 && r.kidsExtent() == 0 {
 			return runs, fmt.Errorf("run %d is empty and childless", id)
 		}
 		if r.extent() != r.n.Load() {
@@ -305,20 +305,25 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 		}
 	}
 	for _, r := range all {
-		want, n := kids[r], uint32(0)
-		for _, k := range r.kids {
-			n += k.n
+		want, counted := kids[r], 0
+		var ks kidSet
+		if p := r.kids.Load(); p != nil {
+			ks = *p
 		}
-		if got := r.nkids.Load(); got != int32(n) {
-			return runs, fmt.Errorf("run %d counts %d children in all, has %d", r.id, got, n)
-		}
-		if len(want) != len(r.kids) {
-			return runs, fmt.Errorf("run %d counts children at %d positions, has %d", r.id, len(r.kids), len(want))
-		}
-		for _, k := range r.kids {
-			if want[k.off] != k.n {
-				return runs, fmt.Errorf("run %d counts %d children at %d, has %d", r.id, k.n, k.off, want[k.off])
+		for i, k := range ks {
+			if i > 0 && ks[i-1].off >= k.off {
+				return runs, fmt.Errorf("run %d: children's positions not sorted", r.id)
 			}
+			n := k.n.Load()
+			if n < 0 || n != int32(want[k.off]) {
+				return runs, fmt.Errorf("run %d counts %d children at %d, has %d", r.id, n, k.off, want[k.off])
+			}
+			if n > 0 {
+				counted++
+			}
+		}
+		if counted != len(want) {
+			return runs, fmt.Errorf("run %d counts children at %d positions, has %d", r.id, counted, len(want))
 		}
 	}
 	pairs := 0
@@ -536,6 +541,8 @@ const (
 	HookTierStep = hookTierStep
 	HookSettled  = hookSettled
 	HookDescend  = hookDescend
+	HookBranch   = hookBranch
+	HookLeave    = hookLeave
 )
 
 // SetCompressedHook makes t call fn at each hook point, before any reader
