@@ -108,9 +108,9 @@ import (
 //     stops counting it, and is locked only if its length may now exceed
 //     what is needed of it. The table of engine hashes is written without
 //     locks (see chainTable): a block's claim while its run is locked, at
-//     its creation, its release when it is trimmed. A hash re-pointed by the event leaves
-//     its old block after the walk, so the path just stored is never
-//     trimmed under it.
+//     its creation, its release when it is trimmed. A hash re-pointed by
+//     the event leaves its old block after the walk, so the path just
+//     stored is never trimmed under it.
 //   - The tree-wide tables are concurrent: run ids in a chunked array whose
 //     chunks never move (runTable), workers in an xsync.Map; slot
 //     allocation takes a small mutex of its own once per new worker, and a

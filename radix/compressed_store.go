@@ -632,19 +632,22 @@ func holderOf(hs []holder, xw *xworker) (int, bool) {
 	return lo, lo < len(hs) && hs[lo].w == xw
 }
 
-// kidAt returns the count of children at position off, nil if there is
-// none (as there is none where it is zero).
+// kidAt returns the count of children at position off, nil if the set
+// has none for it (a count there may be zero: see kidSet).
 func (r *crun) kidAt(off uint32) *kidCount {
 	ks := r.kids.Load()
 	if ks == nil {
 		return nil
 	}
-	i, found := slices.BinarySearchFunc(*ks, off, func(k *kidCount, off uint32) int { return int(k.off) - int(off) })
+	i, found := slices.BinarySearchFunc(*ks, off, byOff)
 	if !found {
 		return nil
 	}
 	return (*ks)[i]
 }
+
+// byOff orders a kidSet by position.
+func byOff(k *kidCount, off uint32) int { return int(k.off) - int(off) }
 
 // kidsAt reports whether a child run hangs from position off.
 func (r *crun) kidsAt(off uint32) bool {
@@ -749,7 +752,7 @@ func (r *crun) addKid(off uint32) {
 			}
 		}
 	}
-	i, _ := slices.BinarySearchFunc(ks, off, func(k *kidCount, off uint32) int { return int(k.off) - int(off) })
+	i, _ := slices.BinarySearchFunc(ks, off, byOff)
 	ks = slices.Insert(ks, i, k)
 	r.kids.Store(&ks)
 }

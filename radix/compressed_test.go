@@ -846,3 +846,37 @@ func TestCompressedBranchAtEndCountsFromOne(t *testing.T) {
 		t.Fatalf("scores %v, want %v", got, want)
 	}
 }
+
+// A run keeps counts of children only for positions children hang from,
+// and for those whose last child went since the last new one: a child
+// made and deleted at each position of a long shared run in turn leaves
+// the run counting two positions at most, not one for every position a
+// child ever hung from.
+func TestCompressedKidPositionsBounded(t *testing.T) {
+	h, w := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2}
+	const n = 64
+	var path []uint64
+	for i := range uint64(n) {
+		path = append(path, 100+i, i+1)
+	}
+	c := radix.NewCompressedTree()
+	for _, wk := range []kvevent.Worker{h, w} {
+		if err := c.Apply(radixtest.Stored(wk, -1, path...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range int64(n - 1) {
+		if err := c.Apply(radixtest.Stored(w, 100+i, 5000, 5000)); err != nil {
+			t.Fatal(err)
+		}
+		if got := radix.KidPositions(c, 1); got > 2 {
+			t.Fatalf("after a child at position %d the run counts children at %d positions, want at most 2", i, got)
+		}
+		if err := c.Apply(radixtest.Removed(w, 5000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if runs, err := radix.CompressedInvariants(c); err != nil || runs != 1 {
+		t.Fatalf("%d runs (want 1), %v", runs, err)
+	}
+}

@@ -583,6 +583,15 @@ func RunArray(t *CompressedTree, keys ...uint64) *uint64 {
 	return unsafe.SliceData(*runOf(t, keys).keys.Load())
 }
 
+// KidPositions is how many positions the run holding the last block of
+// the path keys keeps counts of children for, those at zero included.
+func KidPositions(t *CompressedTree, keys ...uint64) int {
+	if ks := runOf(t, keys).kids.Load(); ks != nil {
+		return len(*ks)
+	}
+	return 0
+}
+
 // SpareRunIDs is the most run ids the writer stripes hold spare, and
 // RunIDBatch how many they take at once (see runTable).
 const (
