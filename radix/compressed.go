@@ -101,7 +101,7 @@ import (
 //     counts its children by position, atomically where children hang
 //     already, and under a small lock of their own (kmu) where a count
 //     rises from zero, which a walk extending the run in place reads under
-//     it too (crun.mayHang). Locks are taken parent before child, never
+//     it too (mayHang). Locks are taken parent before child, never
 //     the other way, and kmu last: a removal that empties a run releases
 //     it, then locks it again (a top-level run under its root stripe) and
 //     checks that it is still unneeded before deleting it; its parent
@@ -188,6 +188,9 @@ const (
 	// hookLeave: a store has walked a run, locked, and not yet published
 	// the blocks it appended to it (walker.leave).
 	hookLeave
+	// hookFirstKid: a store has found, under a run's kids lock, that a
+	// first child belongs at a position, and not yet counted it (mayHang).
+	hookFirstKid
 )
 
 // at calls the test hook, if any.
@@ -295,7 +298,7 @@ type crun struct {
 	// the position's count; the first child of a position (a count from
 	// zero), a new position, and the look of a walk about to extend the
 	// run in place (walker.step) take kmu, a lock taken alone or under mu,
-	// never the other way round (see crun.mayHang).
+	// never the other way round (see CompressedTree.mayHang).
 	kmu  sync.Mutex
 	kids atomic.Pointer[kidSet]
 }

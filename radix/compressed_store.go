@@ -315,7 +315,7 @@ func (wk *walker) branch(p *crun, off uint32, i int) bool {
 		made := false
 		if c == nil {
 			t.at(hookBranch)
-			if !p.mayHang(off, b.TokensHash) {
+			if !t.mayHang(p, off, b.TokensHash) {
 				return false
 			}
 			if c, made = t.hang(wk.xw, wk.s, p, off, b); !made {
@@ -657,7 +657,8 @@ func (r *crun) kidsAt(off uint32) bool {
 
 // hasKids reports whether a child run hangs from position off, for a walk
 // holding r's lock about to extend r in place there: under kmu, so that it
-// comes before or after a first child's check and count (mayHang).
+// comes before or after a first child's check and count
+// (CompressedTree.mayHang).
 func (r *crun) hasKids(off uint32) bool {
 	r.kmu.Lock()
 	found := r.kidsAt(off)
@@ -699,7 +700,7 @@ func (r *crun) childFits(off uint32, key uint64, kids bool) bool {
 // (and it did not extend). A count from zero is counted with its check
 // under kmu, as the walk's look is: the count of a child that does not
 // fit must not lead another walk to count one more at r's end.
-func (r *crun) mayHang(off uint32, key uint64) bool {
+func (t *CompressedTree) mayHang(r *crun, off uint32, key uint64) bool {
 	if k := r.kidAt(off); k != nil {
 		for c := k.n.Load(); c > 0; c = k.n.Load() {
 			if k.n.CompareAndSwap(c, c+1) {
@@ -716,6 +717,7 @@ func (r *crun) mayHang(off uint32, key uint64) bool {
 	if !r.childFits(off, key, r.kidsAt(off)) {
 		return false
 	}
+	t.at(hookFirstKid)
 	r.addKid(off)
 	return true
 }

@@ -1,9 +1,12 @@
 package radix_test
 
 import (
+	"errors"
 	"fmt"
 	"maps"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -879,4 +882,86 @@ func TestCompressedKidPositionsBounded(t *testing.T) {
 	if runs, err := radix.CompressedInvariants(c); err != nil || runs != 1 {
 		t.Fatalf("%d runs (want 1), %v", runs, err)
 	}
+}
+
+// A run's first child at a position is checked and counted under the
+// run's kids lock, and a walk about to extend the run in place looks for
+// children under it too: the walk's look comes before the check, or after
+// the count. Here w4 (b) finds 40 after position 3 of [1,2,3,40] and
+// [50] a child, and stops between its check and its count; 40 goes, and
+// w5's walk from the root reaches the run's new end to store 50 there. It
+// must wait for b's count and go on in b's child, not extend the run by
+// 50 beside it.
+func TestCompressedFirstChildBeforeExtension(t *testing.T) {
+	h, a, b, w := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2}, kvevent.Worker{ID: 4}, kvevent.Worker{ID: 5}
+	c := radix.NewCompressedTree()
+	for _, ev := range []kvevent.RouterEvent{radixtest.Stored(h, -1, 101, 1, 102, 2, 103, 3),
+		radixtest.Stored(a, -1, 101, 1, 102, 2, 103, 3, 1040, 40), radixtest.Stored(b, -1, 101, 1, 102, 2, 103, 3)} {
+		if err := c.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	atCount, goCount := make(chan error, 1), make(chan struct{})
+	open := sync.OnceFunc(func() { close(goCount) })
+	defer open()
+	var counting atomic.Bool
+	radix.SetCompressedHook(c, func(p radix.HookPoint) {
+		if p == radix.HookFirstKid && counting.CompareAndSwap(false, true) {
+			atCount <- nil
+			<-goCount
+		}
+	})
+	bDone, wDone := make(chan error, 1), make(chan error, 1)
+	go func() { bDone <- c.Apply(radixtest.Stored(b, 103, 1050, 50)) }()
+	await(t, atCount, open, "b never counted a first child")
+	if err := c.Apply(radixtest.Removed(a, 1040)); err != nil {
+		t.Fatal(err)
+	}
+	go func() { wDone <- c.Apply(radixtest.Stored(w, -1, 101, 1, 102, 2, 103, 3, 1050, 50)) }()
+	// w waits for the kids lock (or, wrongly, is done).
+	for deadline := time.Now().Add(10 * time.Second); !blockedIn("sync.Mutex.Lock", "(*crun).hasKids"); {
+		if err := waitOr(wDone, time.Millisecond); err != errNotYet {
+			wDone <- err
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("w neither waited for the kids lock nor finished")
+		}
+	}
+	open()
+	await(t, bDone, func() {}, "b's store never finished")
+	await(t, wDone, func() {}, "w's store never finished")
+	if runs, err := radix.CompressedInvariants(c); err != nil || runs != 2 {
+		t.Fatalf("%d runs (want 2: [1,2,3] and [50]), %v", runs, err)
+	}
+	want := radixtest.Scores{h: 3, a: 3, b: 4, w: 4}
+	if got := c.FindMatches([]uint64{1, 2, 3, 50}, false).Scores; !maps.Equal(got, want) {
+		t.Fatalf("scores %v, want %v", got, want)
+	}
+}
+
+// errNotYet is waitOr's answer when nothing came.
+var errNotYet = errors.New("not yet")
+
+// waitOr returns what ch gives within d, or errNotYet.
+func waitOr(ch <-chan error, d time.Duration) error {
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(d):
+		return errNotYet
+	}
+}
+
+// blockedIn reports whether a goroutine waits with the wait reason given
+// (as its stack's header says it) in a call of fn.
+func blockedIn(reason, fn string) bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if header, _, _ := strings.Cut(g, "\n"); strings.Contains(header, "["+reason) && strings.Contains(g, fn) {
+			return true
+		}
+	}
+	return false
 }

@@ -543,6 +543,7 @@ const (
 	HookDescend  = hookDescend
 	HookBranch   = hookBranch
 	HookLeave    = hookLeave
+	HookFirstKid = hookFirstKid
 )
 
 // SetCompressedHook makes t call fn at each hook point, before any reader
