@@ -431,15 +431,24 @@ func (wk *walker) push(b kvevent.StoredBlock, room int) {
 	}
 	if int(n) == len(wk.ks) || n < r.hw {
 		size := min(int(n)+max(room, int(n), 1), int(wk.t.runLimit))
-		ks, eng := make([]uint64, size), make([]uint64, size)
-		copy(ks, wk.ks[:n])
-		copy(eng, wk.eng[:n])
-		r.keys.Store(&ks)
-		r.eng.Store(&eng)
-		wk.ks, wk.eng, r.hw = ks, eng, n
+		a := newArrays(size)
+		copy(a[0], wk.ks[:n])
+		copy(a[1], wk.eng[:n])
+		r.keys.Store(&a[0])
+		r.eng.Store(&a[1])
+		wk.ks, wk.eng, r.hw = a[0], a[1], n
 	}
 	wk.ks[n], wk.eng[n] = b.TokensHash, b.BlockHash
 	wk.n++
+}
+
+// newArrays returns a run's tokens hashes and engine hashes for size
+// blocks, and the headers the run points at, in three allocations, where
+// each header took one of its own. One buffer for both arrays would save
+// another, but the allocator's size classes then waste more: T1's bytes
+// a pair went from 19.90 to 19.96.
+func newArrays(size int) *[2][]uint64 {
+	return &[2][]uint64{make([]uint64, size), make([]uint64, size)}
 }
 
 // revives reports whether block b is the one the run's array holds at the
