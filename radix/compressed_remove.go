@@ -83,17 +83,19 @@ func (r *crun) dropHolder(xw *xworker) int {
 		return 0
 	}
 	held := int(hs[i].held)
-	r.setHolders(slices.Delete(slices.Clone(hs), i, i+1))
+	r.dropHolderAt(hs, i)
 	return held
 }
 
-// setHolders publishes a new holder array (nil if empty).
-func (r *crun) setHolders(hs []holder) {
-	if len(hs) == 0 {
+// dropHolderAt publishes r's holders hs without the one at i (none, if it
+// was the last: no copy then).
+func (r *crun) dropHolderAt(hs []holder, i int) {
+	if len(hs) == 1 {
 		r.holders.Store(nil)
-	} else {
-		r.holders.Store(&hs)
+		return
 	}
+	rest := slices.Delete(slices.Clone(hs), i, i+1)
+	r.holders.Store(&rest)
 }
 
 // leaver drops engine hashes of one worker from the blocks they name,
@@ -184,7 +186,7 @@ func (r *crun) leave(xw *xworker, off uint32) {
 	}
 	switch {
 	case h.held == 0:
-		r.setHolders(slices.Delete(slices.Clone(hs), i, i+1))
+		r.dropHolderAt(hs, i)
 		delete(xw.runs, r)
 	case off+1 == h.top:
 		// Words above the new top are zero: drop them, so that the next

@@ -593,12 +593,7 @@ func (r *crun) hold(xw *xworker, from, to uint32, fresh []bool) {
 	hs := r.holderArray()
 	i, found := holderOf(hs, xw)
 	if !found {
-		grown := make([]holder, len(hs)+1)
-		copy(grown, hs[:i])
-		grown[i] = holder{w: xw}
-		copy(grown[i+1:], hs[i:])
-		r.holders.Store(&grown) // a variable of its own: &hs would move hs to the heap on every call
-		hs = grown
+		hs = r.addHolder(hs, i, xw)
 		if xw.runs == nil {
 			xw.runs = map[*crun]struct{}{}
 		}
@@ -623,6 +618,40 @@ func (r *crun) hold(xw *xworker, from, to uint32, fresh []bool) {
 		}
 		atomic.StoreUint32(&h.cut, cut)
 	}
+}
+
+// addHolder publishes r's holders hs with xw's new entry at i, and
+// returns them.
+func (r *crun) addHolder(hs []holder, i int, xw *xworker) []holder {
+	if len(hs) == 0 {
+		f := &firstHolder{}
+		f.one[0] = holder{w: xw, bits: f.word[:0]}
+		f.hs = f.one[:]
+		r.holders.Store(&f.hs)
+		return f.hs
+	}
+	grown := make([]holder, len(hs)+1)
+	copy(grown, hs[:i])
+	grown[i] = holder{w: xw}
+	copy(grown[i+1:], hs[i:])
+	if len(hs) == 1 {
+		// The first holder's bits may be its firstHolder's word: copied
+		// out, the rest of that object is not kept for it.
+		if first := &grown[1-i]; cap(first.bits) == 1 {
+			first.bits = slices.Clone(first.bits)
+		}
+	}
+	r.holders.Store(&grown) // a variable of its own: &hs would move hs to the heap on every call
+	return grown
+}
+
+// firstHolder is a run's holder array while it has one holder, with the
+// first word of that holder's bits, in one allocation where they took
+// three: every new run's first. A second holder copies that word out.
+type firstHolder struct {
+	hs   []holder
+	one  [1]holder
+	word [1]uint64
 }
 
 // holderOf returns the index of xw among hs (where it would be, if not
