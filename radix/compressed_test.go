@@ -779,13 +779,7 @@ func TestCompressedBranchChecksAfterCount(t *testing.T) {
 	if err := apply(radixtest.Stored(b, 103, 1050, 50)); err != nil || hooked != nil {
 		t.Fatal(err, hooked)
 	}
-	if runs, err := radix.CompressedInvariants(c); err != nil || runs != 2 {
-		t.Fatalf("%d runs (want 2: [1,2,3,50] and [61]), %v", runs, err)
-	}
-	want := radixtest.Scores{h: 3, a: 3, k: 3, b: 4, w: 4, k2: 3}
-	if got := c.FindMatches([]uint64{1, 2, 3, 50}, false).Scores; !maps.Equal(got, want) {
-		t.Fatalf("scores %v, want %v", got, want)
-	}
+	branchedTree(t, c, 2, radixtest.Scores{h: 3, a: 3, k: 3, b: 4, w: 4, k2: 3})
 }
 
 // At a run's end a child is counted without the run's lock only from a
@@ -822,32 +816,19 @@ func TestCompressedBranchAtEndCountsFromOne(t *testing.T) {
 	openBranch, openLeave := sync.OnceFunc(func() { close(goBranch) }), sync.OnceFunc(func() { close(goLeave) })
 	release := func() { openBranch(); openLeave() }
 	defer release()
-	bDone, wDone := make(chan error, 1), make(chan error, 1)
-	go func() { bDone <- c.Apply(radixtest.Stored(b, 103, 1050, 50)) }()
-	await(t, atBranch, release, "b never looked for a child at the run's end")
-	if err := c.Apply(radixtest.Removed(k, 1070)); err != nil {
-		t.Fatal(err)
-	}
-	go func() { wDone <- c.Apply(radixtest.Stored(w, -1, 101, 1, 102, 2, 103, 3, 1050, 50)) }()
+	r := raceBranch(t, c, b, w, atBranch, release, "b never looked for a child at the run's end", radixtest.Removed(k, 1070))
 	await(t, left, release, "w never left the run it extends")
 	openBranch()
 	select { // b waits for the run's lock, held by w (or, wrongly, is done)
 	case <-waited:
-	case err := <-bDone:
-		bDone <- err
+	case err := <-r.bDone:
+		r.bDone <- err
 	case <-time.After(10 * time.Second):
 		t.Fatal("b neither waited for the run's lock nor finished")
 	}
 	openLeave()
-	await(t, wDone, func() {}, "w's store never finished")
-	await(t, bDone, func() {}, "b's store never finished")
-	if runs, err := radix.CompressedInvariants(c); err != nil || runs != 1 {
-		t.Fatalf("%d runs (want 1: [1,2,3,50]), %v", runs, err)
-	}
-	want := radixtest.Scores{h: 3, a: 3, k: 3, b: 4, w: 4}
-	if got := c.FindMatches([]uint64{1, 2, 3, 50}, false).Scores; !maps.Equal(got, want) {
-		t.Fatalf("scores %v, want %v", got, want)
-	}
+	r.finish(t)
+	branchedTree(t, c, 1, radixtest.Scores{h: 3, a: 3, k: 3, b: 4, w: 4})
 }
 
 // A run keeps counts of children only for positions children hang from,
@@ -911,17 +892,11 @@ func TestCompressedFirstChildBeforeExtension(t *testing.T) {
 			<-goCount
 		}
 	})
-	bDone, wDone := make(chan error, 1), make(chan error, 1)
-	go func() { bDone <- c.Apply(radixtest.Stored(b, 103, 1050, 50)) }()
-	await(t, atCount, open, "b never counted a first child")
-	if err := c.Apply(radixtest.Removed(a, 1040)); err != nil {
-		t.Fatal(err)
-	}
-	go func() { wDone <- c.Apply(radixtest.Stored(w, -1, 101, 1, 102, 2, 103, 3, 1050, 50)) }()
+	r := raceBranch(t, c, b, w, atCount, open, "b never counted a first child", radixtest.Removed(a, 1040))
 	// w waits for the kids lock (or, wrongly, is done).
 	for deadline := time.Now().Add(10 * time.Second); !blockedIn("sync.Mutex.Lock", "(*crun).hasKids"); {
-		if err := waitOr(wDone, time.Millisecond); err != errNotYet {
-			wDone <- err
+		if err := waitOr(r.wDone, time.Millisecond); err != errNotYet {
+			r.wDone <- err
 			break
 		}
 		if time.Now().After(deadline) {
@@ -929,12 +904,43 @@ func TestCompressedFirstChildBeforeExtension(t *testing.T) {
 		}
 	}
 	open()
-	await(t, bDone, func() {}, "b's store never finished")
-	await(t, wDone, func() {}, "w's store never finished")
-	if runs, err := radix.CompressedInvariants(c); err != nil || runs != 2 {
-		t.Fatalf("%d runs (want 2: [1,2,3] and [50]), %v", runs, err)
+	r.finish(t)
+	branchedTree(t, c, 2, radixtest.Scores{h: 3, a: 3, b: 4, w: 4})
+}
+
+// branchRace is the schedule the branch tests share: b stores [50] under
+// [1,2,3] (engine hash 1050 under 103) on a goroutine of its own, and a
+// hook of the test stops it (stopped says so); removal is applied, and w
+// stores [1,2,3,50] from the root on another goroutine. Each store's
+// error comes on its channel.
+type branchRace struct{ bDone, wDone chan error }
+
+func raceBranch(t *testing.T, c *radix.CompressedTree, b, w kvevent.Worker, stopped <-chan error, release func(), msg string, removal kvevent.RouterEvent) branchRace {
+	t.Helper()
+	r := branchRace{make(chan error, 1), make(chan error, 1)}
+	go func() { r.bDone <- c.Apply(radixtest.Stored(b, 103, 1050, 50)) }()
+	await(t, stopped, release, msg)
+	if err := c.Apply(removal); err != nil {
+		t.Fatal(err)
 	}
-	want := radixtest.Scores{h: 3, a: 3, b: 4, w: 4}
+	go func() { r.wDone <- c.Apply(radixtest.Stored(w, -1, 101, 1, 102, 2, 103, 3, 1050, 50)) }()
+	return r
+}
+
+// finish waits for both stores.
+func (r branchRace) finish(t *testing.T) {
+	t.Helper()
+	await(t, r.bDone, func() {}, "b's store never finished")
+	await(t, r.wDone, func() {}, "w's store never finished")
+}
+
+// branchedTree checks that c is well formed with runs runs, and scores
+// [1,2,3,50] as want.
+func branchedTree(t *testing.T, c *radix.CompressedTree, runs int, want radixtest.Scores) {
+	t.Helper()
+	if got, err := radix.CompressedInvariants(c); err != nil || got != runs {
+		t.Fatalf("%d runs (want %d), %v", got, runs, err)
+	}
 	if got := c.FindMatches([]uint64{1, 2, 3, 50}, false).Scores; !maps.Equal(got, want) {
 		t.Fatalf("scores %v, want %v", got, want)
 	}
