@@ -1,9 +1,11 @@
 package openloop
 
 import (
+	"fmt"
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -170,22 +172,33 @@ func TestProtocolInterrupt(t *testing.T) {
 // another cost their thread what they charge (without the charge for the
 // readings, about half of it). The loop is measured on its own thread,
 // so that the collector and other threads of a busy test process do not
-// count.
+// count. A virtual machine's hiccup can still land in the clock's
+// measure or the loop's: of three tries, one must be within a quarter.
 func TestStretchesChargeTheirClock(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the thread's CPU clock is read on Linux only")
 	}
+	var tries []string
+	for range 3 {
+		charged, used := emptyStretches(50_000)
+		r := float64(charged) / float64(used)
+		if r >= 0.75 && r <= 1.25 {
+			return
+		}
+		tries = append(tries, fmt.Sprintf("%v of %v (%.2f)", time.Duration(charged), time.Duration(used), r))
+	}
+	t.Errorf("50,000 empty stretches charged the harness, of the CPU they took: %s; want 0.75-1.25 once", strings.Join(tries, ", "))
+}
+
+// emptyStretches runs n empty stretches of the harness's work on a
+// thread of their own, and returns the CPU they charged and took.
+func emptyStretches(n int) (charged, used int64) {
 	s := &runState{clockRead: clockRead()} // as Run measures it, as it starts
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	t0 := threadCPU()
-	for range 50_000 {
+	for range n {
 		s.rest(s.work())
 	}
-	used := threadCPU() - t0
-	charged := s.harnessCPU.Load()
-	if r := float64(charged) / float64(used); r < 0.75 || r > 1.25 {
-		t.Errorf("50,000 empty stretches charged the harness %v of the %v of CPU they took (%.2f of it); want 0.75-1.25",
-			time.Duration(charged), time.Duration(used), r)
-	}
+	return s.harnessCPU.Load(), threadCPU() - t0
 }
