@@ -1,6 +1,7 @@
 package openloop
 
 import (
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -243,15 +244,13 @@ func clockRead() int64 {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	const batches, n = 5, 200
-	least := int64(-1)
+	least := int64(math.MaxInt64)
 	for range batches {
 		t0 := threadCPU()
 		for range n - 1 {
 			threadCPU()
 		}
-		if m := (threadCPU() - t0) / n; least < 0 || m < least {
-			least = m
-		}
+		least = min(least, (threadCPU()-t0)/n)
 	}
 	return least
 }
