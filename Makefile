@@ -7,7 +7,7 @@ BENCHTIME ?= 100ms
 FUZZTIME ?= 10s
 RESULTS  := results
 
-.PHONY: test lint fuzz bench benchstat bench-compare loadgen replay replay-sweep replay-tiers replay-approx plots
+.PHONY: test lint fuzz bench benchstat bench-compare targets loadgen replay replay-sweep replay-tiers replay-approx plots
 
 test:
 	$(GO) vet $(PKGS)
@@ -55,6 +55,12 @@ benchstat:
 bench-compare:
 	@test -n "$(OLD)" -a -n "$(NEW)" || { echo "usage: make bench-compare OLD=<rev> NEW=<rev>"; exit 2; }
 	./scripts/bench-compare.sh "$(OLD)" "$(NEW)" "$(BENCH)" "$(COUNT)" "$(BENCHTIME)"
+
+# The index's targets (store, writers, memory, lookups, removals, the
+# field's benchmark per lane CPU-second), ROUNDS interleaved rounds of
+# about two minutes each, and a table of their medians against the targets.
+targets:
+	./scripts/targets.sh $(RESULTS)/targets.txt
 
 # The reference's drain-correct protocol on the embedded trace, every
 # indexer: the shortest window each keeps up with (about a minute).

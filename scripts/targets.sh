@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The index's targets (the CompressedTree's store, its writers, its memory,
+# its lookups and removals, the field's benchmark per lane CPU-second),
+# measured in one go: ROUNDS interleaved rounds, each running every figure
+# once, then a table of their medians against the targets.
+# Usage: scripts/targets.sh [OUTFILE]. Writes OUTFILE (default
+# results/targets.txt): the raw benchmark lines (benchstat reads them) and
+# the table. ROUNDS (default 6) sets the rounds. Runs a prebuilt bench.test
+# if BENCH_BIN is set and a prebuilt loadgen if LOADGEN_BIN is, else builds
+# them. A round takes about two minutes on a 2-core machine.
+#
+# Every figure is at GOMAXPROCS 2 (a 2-core machine's), but ParallelStore's
+# one writer at GOMAXPROCS 1. Every figure but the lookups and removals
+# comes from a fresh process:
+# FreshStore and FreshStoreSized run each store in a child of its own at
+# GOMAXPROCS 2, one writer or two; ParallelStore runs at -cpu 1 and -cpu 2
+# in processes of their own (golang/go#49980), at -benchtime 2x so that it
+# measures warm stores; the field's benchmark is loadgen's fixed window
+# (1.5 s, -sized, the scaled standard settings). A ratio of two writers to
+# one is taken within a round, then its median over the rounds: on a
+# shared virtual machine the hour moves both figures together.
+set -euo pipefail
+out=${1:-results/targets.txt}
+rounds=${ROUNDS:-6}
+bin=${BENCH_BIN:-}
+lg=${LOADGEN_BIN:-}
+if [ -z "$bin" ]; then
+  bin=$(mktemp -d)/bench.test
+  go test -c -o "$bin" ./bench
+fi
+if [ -z "$lg" ]; then
+  lg=$(mktemp -d)/loadgen
+  go build -o "$lg" ./cmd/loadgen
+fi
+bench() { "$bin" -test.run '^$' -test.benchmem -test.cpu 2 "$@" | grep '^Benchmark'; }
+round() {
+  cd bench
+  bench -test.bench 'FreshStore' -test.benchtime 1x
+  bench -test.bench 'ParallelStore/impl=compressed' -test.benchtime 2x -test.cpu 1
+  bench -test.bench 'ParallelStore/impl=compressed' -test.benchtime 2x
+  bench -test.bench 'Corpus/ops=events' -test.benchtime 2x
+  bench -test.bench 'Shaped/op=lookup/impl=compressed$' -test.benchtime 12031x
+  bench -test.bench 'SharedPrefix/impl=compressed' -test.benchtime 20000x
+  bench -test.bench 'Tail/op=.*/impl=compressed'
+  cd ..
+  GOMAXPROCS=2 "$lg" indexer -compare compressed -dup 2 -length-factor 4 -sized -duration 1.5s -format bench -quiet | grep '^Benchmark'
+}
+{
+  echo "# kvradix: the index's targets, interleaved rounds: $rounds"
+  echo "# commit: ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  echo "# $(go version 2>/dev/null || echo "go: prebuilt binaries")"
+  echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $(nproc)"
+  echo "# cmd: scripts/targets.sh (see its header for each figure's command)"
+  for r in $(seq "$rounds"); do
+    echo "# round $r"
+    round
+  done
+} | tee "$out.raw"
+scripts/targets.awk "$out.raw" | tee "$out.table"
+cat "$out.raw" "$out.table" >"$out"
+rm "$out.raw" "$out.table"
