@@ -57,8 +57,9 @@ bench-compare:
 	./scripts/bench-compare.sh "$(OLD)" "$(NEW)" "$(BENCH)" "$(COUNT)" "$(BENCHTIME)"
 
 # The index's targets (store, writers, memory, lookups, removals, the
-# field's benchmark per lane CPU-second), ROUNDS interleaved rounds of
-# about two minutes each, and a table of their medians against the targets.
+# field's benchmark per lane CPU-second), ROUNDS interleaved rounds of one
+# to two minutes each, and a table of their medians against the targets;
+# SUSTAINED=1 adds the field's sustained search (a few minutes).
 targets:
 	./scripts/targets.sh $(RESULTS)/targets.txt
 

@@ -7,7 +7,10 @@
 # results/targets.txt): the raw benchmark lines (benchstat reads them) and
 # the table. ROUNDS (default 6) sets the rounds. Runs a prebuilt bench.test
 # if BENCH_BIN is set and a prebuilt loadgen if LOADGEN_BIN is, else builds
-# them. A round takes about two minutes on a 2-core machine.
+# them. A round takes one to two minutes on a 2-core machine. With
+# SUSTAINED=1 it ends with the field's sustained search (loadgen indexer
+# -sustained: each point 3 fresh processes, a few minutes), whose rate per
+# lane CPU-second is the figure the field publishes.
 #
 # Every figure is at GOMAXPROCS 2 (a 2-core machine's), but ParallelStore's
 # one writer at GOMAXPROCS 1. Every figure but the lookups and removals
@@ -32,6 +35,7 @@ if [ -z "$lg" ]; then
   lg=$(mktemp -d)/loadgen
   go build -o "$lg" ./cmd/loadgen
 fi
+sustained=(-compare compressed -lanes 2 -dup 2 -length-factor 4 -sized -duration 5s)
 bench() { "$bin" -test.run '^$' -test.benchmem -test.cpu 2 "$@" | grep '^Benchmark'; }
 round() {
   cd bench
@@ -55,6 +59,10 @@ round() {
     echo "# round $r"
     round
   done
+  if [ -n "${SUSTAINED:-}" ]; then
+    echo "# GOMAXPROCS=2 loadgen indexer -sustained ${sustained[*]}"
+    GOMAXPROCS=2 "$lg" indexer -sustained "${sustained[@]}" | grep '^sustained:'
+  fi
 } | tee "$out.raw"
 scripts/targets.awk "$out.raw" | tee "$out.table"
 cat "$out.raw" "$out.table" >"$out"
