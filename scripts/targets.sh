@@ -21,7 +21,9 @@
 # measures warm stores; the field's benchmark is loadgen's fixed window
 # (1.5 s, -sized, the scaled standard settings). A ratio of two writers to
 # one is taken within a round, then its median over the rounds: on a
-# shared virtual machine the hour moves both figures together.
+# shared virtual machine the hour moves both figures together. Each round
+# also times raw XXH3 over 1,024 tokens, computation alone, so that a slow
+# hour shows as one: 293-296 ns in results/bench.txt's.
 set -euo pipefail
 out=${1:-results/targets.txt}
 rounds=${ROUNDS:-6}
@@ -39,6 +41,7 @@ sustained=(-compare compressed -lanes 2 -dup 2 -length-factor 4 -sized -duration
 bench() { "$bin" -test.run '^$' -test.benchmem -test.cpu 2 "$@" | grep '^Benchmark'; }
 round() {
   cd bench
+  bench -test.bench 'Hashing/impl=raw/block=16/tokens=1024$' -test.benchtime 100ms
   bench -test.bench 'FreshStore' -test.benchtime 1x
   bench -test.bench 'ParallelStore/impl=compressed' -test.benchtime 2x -test.cpu 1
   bench -test.bench 'ParallelStore/impl=compressed' -test.benchtime 2x
