@@ -20,22 +20,8 @@
 set -euo pipefail
 out=${1:-results/scaling.txt}
 lanesout=${out%.txt}-lanes.txt
-bin=${BENCH_BIN:-}
-lg=${LOADGEN_BIN:-}
-if [ -z "$bin" ]; then
-  bin=$(mktemp -d)/bench.test
-  go test -c -o "$bin" ./bench
-fi
-if [ -z "$lg" ]; then
-  lg=$(mktemp -d)/loadgen
-  go build -o "$lg" ./cmd/loadgen
-fi
+. "$(dirname "$0")/binaries.sh"
 cpus=${CPUS:-1 2 4 8 16}
-header() {
-  echo "# commit: ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-  echo "# $(go version 2>/dev/null || echo "go: prebuilt binaries")"
-  echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $(nproc)"
-}
 {
   echo "# kvradix concurrency scaling"
   header

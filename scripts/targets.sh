@@ -27,16 +27,7 @@
 set -euo pipefail
 out=${1:-results/targets.txt}
 rounds=${ROUNDS:-6}
-bin=${BENCH_BIN:-}
-lg=${LOADGEN_BIN:-}
-if [ -z "$bin" ]; then
-  bin=$(mktemp -d)/bench.test
-  go test -c -o "$bin" ./bench
-fi
-if [ -z "$lg" ]; then
-  lg=$(mktemp -d)/loadgen
-  go build -o "$lg" ./cmd/loadgen
-fi
+. "$(dirname "$0")/binaries.sh"
 sustained=(-compare compressed -lanes 2 -dup 2 -length-factor 4 -sized -duration 5s)
 bench() { "$bin" -test.run '^$' -test.benchmem -test.cpu 2 "$@" | grep '^Benchmark'; }
 round() {
@@ -54,9 +45,7 @@ round() {
 }
 {
   echo "# kvradix: the index's targets, interleaved rounds: $rounds"
-  echo "# commit: ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-  echo "# $(go version 2>/dev/null || echo "go: prebuilt binaries")"
-  echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $(nproc)"
+  header
   echo "# cmd: scripts/targets.sh (see its header for each figure's command)"
   for r in $(seq "$rounds"); do
     echo "# round $r"
@@ -67,6 +56,6 @@ round() {
     GOMAXPROCS=2 "$lg" indexer -sustained "${sustained[@]}" | grep '^sustained:'
   fi
 } | tee "$out.raw"
-scripts/targets.awk "$out.raw" | tee "$out.table"
+"$(dirname "$0")/targets.awk" "$out.raw" | tee "$out.table"
 cat "$out.raw" "$out.table" >"$out"
 rm "$out.raw" "$out.table"
