@@ -783,6 +783,7 @@ func TestRegisteredPoolsSizeTheIndex(t *testing.T) {
 			}
 		}
 		testwait.For(t, "the index to hold what engine 1 published", func() bool {
+			pubs[0].Publish(nil) // shows a subscriber that joined late what it missed
 			return reflect.DeepEqual(dumpHoldings(t, ts.URL), want)
 		})
 		ts.Close()
