@@ -35,9 +35,9 @@ func TestDuplicateCopiesThroughTheService(t *testing.T) {
 	publish(stored) // a second copy of both blocks
 	publish(removed)
 	// The subscription connects asynchronously, and PUB/SUB drops what is
-	// sent before it joins: each empty batch shows the subscriber what it
-	// missed, which it repairs from the replay socket (CI once timed out
-	// here with all three batches dropped and nothing sent after them).
+	// sent before it joins: the subscriber replays it at once, unless it
+	// was sent after that replay and before the subscription reached the
+	// engine; then the next batch shows the gap, which it repairs.
 	testwait.For(t, "the first removal kept", func() bool {
 		if _, err := pub.Publish(nil); err != nil {
 			t.Fatal(err)

@@ -811,7 +811,7 @@ func (s *Service) registered(key instanceKey) bool {
 // Ready reports whether the service serves all it is going to: its saved
 // state recovered (with Config.StateDir) or its peer's dump applied, every
 // registered engine either caught up (subscribed to, and what it published
-// since the saved state replayed) or failed (its dials are retried; it
+// before the subscription, or since the saved state, replayed) or failed (its dials are retried; it
 // does not hold readiness back), and not closed; if not, why.
 func (s *Service) Ready() (bool, string) {
 	if s.recovering.Load() {
@@ -833,7 +833,7 @@ func (s *Service) Ready() (bool, string) {
 		}
 	}
 	if catching > 0 {
-		return false, fmt.Sprintf("%d engines replaying what they published since the saved state", catching)
+		return false, fmt.Sprintf("%d engines replaying what they published before the subscription (or since the saved state)", catching)
 	}
 	return true, ""
 }

@@ -667,6 +667,45 @@ func TestCatchUpWithoutANewBatch(t *testing.T) {
 	}
 }
 
+// A fresh subscriber catches up at once, too, on what the engine published
+// before it subscribed (PUB/SUB drops it, and an idle engine may not send
+// another batch for long): all of it where the ring holds it all, else the
+// ring's batches, the older ones counted lost.
+func TestFreshCatchUpWithoutANewBatch(t *testing.T) {
+	all, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer all.Close()
+	for i := range 5 {
+		if _, err := all.Publish([]Event{storedEvent(uint64(i + 1))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name                     string
+		pub                      *Publisher
+		replayed, repaired, lost uint64
+		batchesLost, received    uint64
+	}{
+		{"the ring holds it all", all, 5, 1, 0, 0, 5},
+		{"the ring holds the last 8 of 20", ringOf20(t), 8, 0, 1, 12, 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sub, _, err := newTestSubscriber(t, SubscriberConfig{}, Endpoint{Worker: 1, Address: tc.pub.Addr(), Replay: tc.pub.ReplayAddr(), Topic: "kv@e@"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sub.Close()
+			testwait.For(t, "caught up", sub.CaughtUp)
+			st := sub.Stats()
+			if st.Replayed != tc.replayed || st.Batches != tc.replayed || st.GapsRepaired != tc.repaired || st.GapsLost != tc.lost || st.BatchesLost != tc.batchesLost || sub.Received()[0] != tc.received {
+				t.Fatalf("caught up at %v: %+v", sub.Received(), st)
+			}
+		})
+	}
+}
+
 // waitSubscribed publishes empty batches until sub has seen one of them (or
 // the gap their sequence numbers open), so that later publishes reach it.
 func waitSubscribed(t *testing.T, pub *Publisher, sub *Subscriber) {

@@ -451,16 +451,20 @@ func (s *Subscriber) process(e *endpoint) {
 	}
 }
 
-// catchUp, for an endpoint resumed from a saved position (ResumeAt) with
-// a replay endpoint, replays what the engine published since, before any
-// live message: the index catches up without waiting for the engine's
-// next batch, which an idle engine may not send for long. The endpoint is
-// then caught up (CaughtUp); one with nothing to resume, or no ring to
-// ask, is at once (a ring that cannot be reached now is asked again on the
-// first live message).
+// catchUp, for an endpoint with a replay endpoint, replays what the engine
+// published before the subscription (since ResumeAt, resumed from a saved
+// position; else from its first batch), before any live message: the
+// index catches up without waiting for the engine's next batch, which an
+// idle engine may not send for long, and PUB/SUB drops what is published
+// before a subscriber joins. The endpoint is then caught up (CaughtUp);
+// one with no ring to ask is at once (a ring that cannot be reached now is
+// asked again on the first live message). What the engine publishes
+// between the replay's end and the subscription's start is still
+// repaired only on its next batch: nothing tells when a subscription has
+// reached the publisher.
 func (s *Subscriber) catchUp(e *endpoint) {
 	defer e.caughtUp.Store(true)
-	if !e.resuming || e.cfg.Replay == "" {
+	if e.cfg.Replay == "" {
 		return
 	}
 	e.holes = false
@@ -501,8 +505,8 @@ func (s *Subscriber) clear(e *endpoint) {
 	s.apply(e, []kvevent.RouterEvent{{WorkerID: e.cfg.Worker, Event: kvevent.Event{DPRank: e.rank, Data: kvevent.Cleared{}}}})
 }
 
-// CaughtUp reports whether every endpoint resumed from a saved position
-// has replayed what its engine published since (see catchUp).
+// CaughtUp reports whether every endpoint has replayed what its engine
+// published before the subscription (see catchUp).
 func (s *Subscriber) CaughtUp() bool {
 	for _, e := range s.eps {
 		if !e.caughtUp.Load() {
