@@ -811,8 +811,9 @@ func (s *Service) registered(key instanceKey) bool {
 // Ready reports whether the service serves all it is going to: its saved
 // state recovered (with Config.StateDir) or its peer's dump applied, every
 // registered engine either caught up (subscribed to, and what it published
-// before the subscription, or since the saved state, replayed) or failed (its dials are retried; it
-// does not hold readiness back), and not closed; if not, why.
+// before the subscription, or since the saved state, replayed) or failed
+// (its dials are retried; it does not hold readiness back), and not
+// closed; if not, why.
 func (s *Service) Ready() (bool, string) {
 	if s.recovering.Load() {
 		return false, "recovering the saved state"
