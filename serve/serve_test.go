@@ -432,6 +432,39 @@ func TestRestartWithEnginesGone(t *testing.T) {
 	})
 }
 
+// An engine registered after it published, and idle since (PUB/SUB drops
+// what was sent before the subscription), is caught up from its replay
+// ring at once, not at its next batch: /ready waits for that, and its
+// blocks are answered without the engine sending anything more.
+func TestRegisterCatchesUpAnIdleEngine(t *testing.T) {
+	svc := serve.New(serve.Config{})
+	defer svc.Close()
+	ts := httptest.NewServer(svc.Handler())
+	defer ts.Close()
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	prompt := tokens(2*bs, 400)
+	if _, err := pub.Publish([]vllm.Event{{Type: vllm.BlockStored, BlockHashes: []uint64{51, 52}, TokenIDs: prompt, BlockSize: bs, Medium: "GPU"}}); err != nil {
+		t.Fatal(err)
+	}
+	reg := serve.Registration{InstanceID: 9, Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr(), ModelName: "m", BlockSize: bs}
+	if code := post(t, ts.URL+"/register", reg, nil); code != http.StatusCreated {
+		t.Fatalf("register: %d", code)
+	}
+	testwait.For(t, "ready", func() bool { ready, _ := svc.Ready(); return ready })
+	testwait.For(t, "the blocks published before the registration", func() bool {
+		var got serve.Scores
+		post(t, ts.URL+"/query", serve.Query{TokenIDs: prompt, ModelName: "m"}, &got)
+		return got.Scores["9"]["0"] == 2*bs
+	})
+	if n := metric(t, ts.URL, `kvradix_subscriber_replayed_batches_total{dp_rank="0",instance="9",model="m:default"}`); n != 1 {
+		t.Fatalf("%v batches replayed, want 1", n)
+	}
+}
+
 // The periodic saves, while the engine publishes, are consistent cuts: a
 // service that crashed after one (its directory copied at a moment between
 // two, the service never closed on the copy) recovers and ends equal to
