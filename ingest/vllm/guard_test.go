@@ -706,6 +706,75 @@ func TestFreshCatchUpWithoutANewBatch(t *testing.T) {
 	}
 }
 
+// An idle engine's last batch, dropped on the wire, is repaired from its
+// ring once the endpoint has heard nothing for IdleReplay, without the
+// engine's next batch (never, with IdleReplay negative). A restart while
+// it was idle is not taken for the same life: the ring no longer holds
+// the last batch applied, so it is not asked (a restarted engine's new
+// connection shows the restart: see checkReconnect).
+func TestIdleReplay(t *testing.T) {
+	newIdle := func(t *testing.T, every time.Duration) (*Publisher, *Subscriber) {
+		pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pub.Close() })
+		sub, _, err := newTestSubscriber(t, SubscriberConfig{IdleReplay: every}, Endpoint{Worker: 1, Address: pub.Addr(), Replay: pub.ReplayAddr(), Topic: "kv@e@"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sub.Close() })
+		waitSubscribed(t, pub, sub)
+		// Settled: every batch published so far applied.
+		seq, err := pub.Publish(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testwait.For(t, "the subscriber to settle", func() bool { return sub.Received()[0] == seq+1 })
+		return pub, sub
+	}
+	dropOne := func(t *testing.T, pub *Publisher) uint64 {
+		pub.DropLive = func(uint64) bool { return true }
+		defer func() { pub.DropLive = nil }()
+		seq, err := pub.Publish([]Event{storedEvent(1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seq
+	}
+	t.Run("repaired", func(t *testing.T) {
+		pub, sub := newIdle(t, 20*time.Millisecond)
+		seq := dropOne(t, pub)
+		testwait.For(t, "the dropped batch", func() bool { return sub.Received()[0] == seq+1 })
+		if st := sub.Stats(); st.GapsRepaired == 0 || st.GapsLost != 0 || st.Restarts != 0 {
+			t.Fatalf("%+v", st)
+		}
+	})
+	t.Run("off", func(t *testing.T) {
+		pub, sub := newIdle(t, -1)
+		seq := dropOne(t, pub)
+		time.Sleep(200 * time.Millisecond)
+		if got := sub.Received()[0]; got != seq {
+			t.Fatalf("received up to %d, want %d: the dropped batch applied without a next one", got, seq)
+		}
+	})
+	t.Run("restarted while idle", func(t *testing.T) {
+		pub, sub := newIdle(t, 20*time.Millisecond)
+		at, batches := sub.Received()[0], sub.Stats().Batches
+		pub.DropLive = func(uint64) bool { return true }
+		pub.Restart()
+		for i := range at + 3 { // the new life's ring passes the old life's last sequence
+			if _, err := pub.Publish([]Event{storedEvent(uint64(100 + i))}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(200 * time.Millisecond) // ten ticks: the 1st, 2nd, 4th and 8th would ask
+		if got, st := sub.Received()[0], sub.Stats(); got != at || st.Batches != batches || st.Restarts != 0 {
+			t.Fatalf("received up to %d (was %d), %+v: another life taken for the same", got, at, st)
+		}
+	})
+}
+
 // waitSubscribed publishes empty batches until sub has seen one of them (or
 // the gap their sequence numbers open), so that later publishes reach it.
 func waitSubscribed(t *testing.T, pub *Publisher, sub *Subscriber) {

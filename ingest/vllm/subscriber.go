@@ -81,10 +81,24 @@ type SubscriberConfig struct {
 	// message is believed without the engine's ring reaching it (10,000,
 	// vLLM's default replay buffer).
 	MaxSeqJump uint64
+	// IdleReplay is how long an endpoint with a replay endpoint may go
+	// without a live message before its engine's ring is asked for what
+	// it published past the last batch applied (DefaultIdleReplay;
+	// negative: never). PUB/SUB drops a batch lost on the wire, or sent
+	// before the subscription reached the engine, without a trace: the
+	// gap shows only with the engine's next batch, which an idle engine
+	// may not send for long. The ring is asked once an idle stretch has
+	// lasted IdleReplay, then after 2, 4, 8... times that, and only if it
+	// still holds the last batch applied (else the engine may have
+	// restarted, which its next live message shows).
+	IdleReplay time.Duration
 	// OnLoss, if set, hears every loss as it is found (from the endpoint's
 	// goroutine).
 	OnLoss func(Loss)
 }
+
+// DefaultIdleReplay is SubscriberConfig.IdleReplay's default.
+const DefaultIdleReplay = 10 * time.Second
 
 // Loss is a run of batches an engine published that never reached the
 // index: the gap could not be replayed, or a batch could not be decoded.
@@ -184,6 +198,8 @@ type endpoint struct {
 	rank     kvevent.DPRank
 	resuming bool        // ResumeAt was given and its stream not repaired from there yet
 	caughtUp atomic.Bool // see catchUp
+	idleRecv int64       // lastRecv at the last idle tick (see idleTick)
+	idleTick int         // idle ticks since then
 
 	ranksMu   sync.Mutex
 	ranks     map[kvevent.DPRank]bool // the registered rank, and every rank its batches named
@@ -223,6 +239,9 @@ func NewSubscriberContext(ctx context.Context, idx Sink, cfg SubscriberConfig, e
 	}
 	if cfg.ReplayTotal <= 0 {
 		cfg.ReplayTotal = 2 * time.Minute
+	}
+	if cfg.IdleReplay == 0 {
+		cfg.IdleReplay = DefaultIdleReplay
 	}
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
@@ -419,6 +438,12 @@ func (s *Subscriber) process(e *endpoint) {
 	defer s.wg.Done()
 	defer close(e.stopped)
 	s.catchUp(e)
+	var idle <-chan time.Time
+	if e.cfg.Replay != "" && s.cfg.IdleReplay > 0 {
+		t := time.NewTicker(s.cfg.IdleReplay)
+		defer t.Stop()
+		idle = t.C
+	}
 	for {
 		select {
 		case msg, ok := <-e.msgs:
@@ -427,6 +452,8 @@ func (s *Subscriber) process(e *endpoint) {
 			}
 			e.queue.give(msgBytes(msg))
 			s.handle(e, msg)
+		case <-idle:
+			s.idle(e)
 		case done := <-e.flushes:
 			for drained := false; !drained; {
 				select {
@@ -459,28 +486,62 @@ func (s *Subscriber) process(e *endpoint) {
 // before a subscriber joins. The endpoint is then caught up (CaughtUp);
 // one with no ring to ask is at once (a ring that cannot be reached now is
 // asked again on the first live message). What the engine publishes
-// between the replay's end and the subscription's start is still
-// repaired only on its next batch: nothing tells when a subscription has
-// reached the publisher.
+// between the replay's end and the subscription's start (nothing tells
+// when a subscription has reached the publisher) is repaired with its
+// next batch or, an idle engine's, when the ring is asked again after
+// IdleReplay (see idle).
 func (s *Subscriber) catchUp(e *endpoint) {
 	defer e.caughtUp.Store(true)
-	if e.cfg.Replay == "" {
+	if e.cfg.Replay != "" && s.askRing(e) {
+		s.resumed(e)
+	}
+}
+
+// idle, at each tick of IdleReplay, asks the engine's ring for what it
+// published past the last batch applied if no live message came since
+// the last tick: at the first such tick of an idle stretch, then at the
+// 2nd, 4th, 8th... (see SubscriberConfig.IdleReplay).
+func (s *Subscriber) idle(e *endpoint) {
+	if recv := e.lastRecv.Load(); recv != e.idleRecv {
+		e.idleRecv, e.idleTick = recv, 0
 		return
 	}
+	e.idleTick++
+	if e.idleTick&(e.idleTick-1) != 0 {
+		return
+	}
+	// The ring must hold the last batch applied, the same, or this may
+	// be another life of the engine (a restart while the subscriber was
+	// reconnecting): its next live message decides (see checkReconnect).
+	if e.expected > 0 {
+		last := e.recent[(e.expected-1)%uint64(len(e.recent))]
+		if last.set && last.seq == e.expected-1 && !s.holds(e, last.seq, last.hash) {
+			return
+		}
+	}
+	if s.askRing(e) {
+		s.resumed(e)
+	}
+}
+
+// askRing replays what the engine's ring holds past the last batch
+// applied, counting it a gap repaired (lost, where the ring no longer
+// reaches back to it): whether it found anything. An unreachable ring
+// finds nothing.
+func (s *Subscriber) askRing(e *endpoint) bool {
 	e.holes = false
 	from := e.expected
 	s.replay(e, from, math.MaxUint64)
 	if e.expected == from && !e.holes {
-		return // nothing since, or the ring unreachable: the first live message resumes
+		return false
 	}
-	// A repair, counted as one.
 	s.c.gaps.Add(1)
 	if e.holes {
 		s.c.lost.Add(1)
 	} else {
 		s.c.repaired.Add(1)
 	}
-	s.resumed(e)
+	return true
 }
 
 // resumed ends an endpoint's resumption from its saved position, once its
