@@ -89,11 +89,7 @@ func TestServiceEndToEnd(t *testing.T) {
 	defer svc.Close()
 	ts := httptest.NewServer(svc.Handler())
 	defer ts.Close()
-	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
+	pub := newPublisher(t)
 	reg := serve.Registration{InstanceID: 7, Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr(), ModelName: "m", BlockSize: bs}
 	if code := post(t, ts.URL+"/register", reg, nil); code != http.StatusCreated {
 		t.Fatalf("register: %d", code)
@@ -306,11 +302,7 @@ type engine struct {
 
 func newEngine(t *testing.T, id uint64) *engine {
 	t.Helper()
-	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pub.Close() })
+	pub := newPublisher(t)
 	return &engine{id: id, pub: pub, gen: vllm.NewSynthEngine(id, bs, 4, 0.3), conv: vllm.NewConverter(kvevent.WorkerID(id), bs), want: holdings.Set{}}
 }
 
@@ -441,11 +433,7 @@ func TestRegisterCatchesUpAnIdleEngine(t *testing.T) {
 	defer svc.Close()
 	ts := httptest.NewServer(svc.Handler())
 	defer ts.Close()
-	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
+	pub := newPublisher(t)
 	prompt := tokens(2*bs, 400)
 	if _, err := pub.Publish([]vllm.Event{{Type: vllm.BlockStored, BlockHashes: []uint64{51, 52}, TokenIDs: prompt, BlockSize: bs, Medium: "GPU"}}); err != nil {
 		t.Fatal(err)
@@ -560,6 +548,18 @@ func metric(t *testing.T, url, sample string) float64 {
 	return 0
 }
 
+// newPublisher is a vLLM-compatible publisher on loopback, with a replay
+// socket, closed when the test ends.
+func newPublisher(t testing.TB) *vllm.Publisher {
+	t.Helper()
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	return pub
+}
+
 // registerPublishers registers n vLLM-compatible publishers with svc as
 // instances 1..n of model "m".
 func registerPublishers(t testing.TB, svc *serve.Service, n int) []*vllm.Publisher {
@@ -573,11 +573,7 @@ func registerPools(t testing.TB, svc *serve.Service, n, pool int) []*vllm.Publis
 	t.Helper()
 	var pubs []*vllm.Publisher
 	for id := range uint64(n) {
-		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pub.Close() })
+		pub := newPublisher(t)
 		pubs = append(pubs, pub)
 		if err := svc.Register(serve.Registration{InstanceID: id + 1, Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr(), ModelName: "m", BlockSize: bs, TotalKVBlocks: pool}); err != nil {
 			t.Fatal(err)
