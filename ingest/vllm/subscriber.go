@@ -198,7 +198,7 @@ type endpoint struct {
 	rank     kvevent.DPRank
 	resuming bool        // ResumeAt was given and its stream not repaired from there yet
 	caughtUp atomic.Bool // see catchUp
-	idleRecv int64       // lastRecv at the last idle tick (see idleTick)
+	idleRecv int64       // lastRecv at the last idle tick (see idle)
 	idleTick int         // idle ticks since then
 
 	ranksMu   sync.Mutex
