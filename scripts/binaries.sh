@@ -3,8 +3,10 @@
 # them (for machines without Go), else built now into a temporary folder;
 # header prints the lines a results file starts with (COMMIT overrides the
 # checkout's, where the binaries were built elsewhere).
-bin=${BENCH_BIN:-}
-lg=${LOADGEN_BIN:-}
+# Both are made absolute: the scripts run bench.test from bench/.
+abs() { case $1 in /* | "") echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+bin=$(abs "${BENCH_BIN:-}")
+lg=$(abs "${LOADGEN_BIN:-}")
 if [ -z "$bin" ]; then
   bin=$(mktemp -d)/bench.test
   go test -c -o "$bin" ./bench
