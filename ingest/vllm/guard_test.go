@@ -768,7 +768,11 @@ func TestIdleReplay(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(200 * time.Millisecond) // ten ticks: the 1st, 2nd, 4th and 8th would ask
+		// Two idle asks answered: the first has decided (an endpoint asks
+		// one at a time), and without the check it would have applied the
+		// new life's batches by now.
+		asked := pub.ReplayRequests()
+		testwait.For(t, "two idle asks", func() bool { return pub.ReplayRequests() >= asked+2 })
 		if got, st := sub.Received()[0], sub.Stats(); got != at || st.Batches != batches || st.Restarts != 0 {
 			t.Fatalf("received up to %d (was %d), %+v: another life taken for the same", got, at, st)
 		}

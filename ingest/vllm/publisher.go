@@ -66,6 +66,7 @@ type Publisher struct {
 	// stalled replay socket, for fault injection.
 	ReplayDelay atomic.Int64 // nanoseconds
 	ctx         context.Context
+	replays     atomic.Uint64 // replay requests answered
 }
 
 type ringEntry struct {
@@ -216,6 +217,10 @@ func (p *Publisher) Restart() {
 
 func seqFrame(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
 
+// ReplayRequests counts the replay requests answered (their end marker
+// sent).
+func (p *Publisher) ReplayRequests() uint64 { return p.replays.Load() }
+
 // serveReplay answers replay requests: exactly [identity, "", start_seq].
 func (p *Publisher) serveReplay() {
 	defer p.wg.Done()
@@ -247,6 +252,7 @@ func (p *Publisher) serveReplay() {
 			}
 		}
 		_ = p.reply(id, seqFrame(EndOfReplay), nil)
+		p.replays.Add(1)
 	}
 }
 
