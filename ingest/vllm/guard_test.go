@@ -670,7 +670,9 @@ func TestCatchUpWithoutANewBatch(t *testing.T) {
 // A fresh subscriber catches up at once, too, on what the engine published
 // before it subscribed (PUB/SUB drops it, and an idle engine may not send
 // another batch for long): all of it where the ring holds it all, else the
-// ring's batches, the older ones counted lost.
+// ring's batches, the older ones counted lost. The engine was heard from
+// then, though no live message came: its endpoint's LastMessage says when
+// (kvradix serve's last-message metric and its staleness check read it).
 func TestFreshCatchUpWithoutANewBatch(t *testing.T) {
 	all, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
 	if err != nil {
@@ -701,6 +703,9 @@ func TestFreshCatchUpWithoutANewBatch(t *testing.T) {
 			st := sub.Stats()
 			if st.Replayed != tc.replayed || st.Batches != tc.replayed || st.GapsRepaired != tc.repaired || st.GapsLost != tc.lost || st.BatchesLost != tc.batchesLost || sub.Received()[0] != tc.received {
 				t.Fatalf("caught up at %v: %+v", sub.Received(), st)
+			}
+			if last := sub.States()[0].LastMessage; last.IsZero() {
+				t.Fatal("caught up, but the endpoint never heard from its engine")
 			}
 		})
 	}

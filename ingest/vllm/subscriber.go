@@ -82,7 +82,7 @@ type SubscriberConfig struct {
 	// vLLM's default replay buffer).
 	MaxSeqJump uint64
 	// IdleReplay is how long an endpoint with a replay endpoint may go
-	// without a live message before its engine's ring is asked for what
+	// without a message (live or replayed) before its engine's ring is asked for what
 	// it published past the last batch applied (DefaultIdleReplay;
 	// negative: never). PUB/SUB drops a batch lost on the wire, or sent
 	// before the subscription reached the engine, without a trace: the
@@ -207,7 +207,7 @@ type endpoint struct {
 	peer      *peerState    // the guard's state of a dialled endpoint (nil: a Listen one)
 	seenConns uint64        // peer.conns at the last message (the processing goroutine's)
 	lastSeq   atomic.Uint64 // last sequence applied, plus one (0 = none)
-	lastRecv  atomic.Int64  // when the last message was received, Unix ns (0 = none)
+	lastRecv  atomic.Int64  // when the last message came, live or replayed, Unix ns (0 = none)
 	down      atomic.Bool   // the last receive failed: reconnecting
 }
 
@@ -498,9 +498,9 @@ func (s *Subscriber) catchUp(e *endpoint) {
 }
 
 // idle, at each tick of IdleReplay, asks the engine's ring for what it
-// published past the last batch applied if no live message came since
-// the last tick: at the first such tick of an idle stretch, then at the
-// 2nd, 4th, 8th... (see SubscriberConfig.IdleReplay).
+// published past the last batch applied if no message (live or
+// replayed) came since the last tick: at the first such tick of an idle
+// stretch, then at the 2nd, 4th, 8th... (see SubscriberConfig.IdleReplay).
 func (s *Subscriber) idle(e *endpoint) {
 	if recv := e.lastRecv.Load(); recv != e.idleRecv {
 		e.idleRecv, e.idleTick = recv, 0
@@ -869,6 +869,7 @@ func (s *Subscriber) replay(e *endpoint, from, to uint64) (uint64, string, bool)
 				e.holes = true
 			}
 			s.applyBatch(e, r.seq, r.payload)
+			e.lastRecv.Store(time.Now().UnixNano())
 			s.c.batches.Add(1)
 			s.c.replayed.Add(1)
 			next = r.seq + 1
@@ -971,7 +972,7 @@ func (s *Subscriber) Ranks() []kvevent.DPRank {
 // EndpointState is where an endpoint's connection stands.
 type EndpointState struct {
 	Down        bool      // its last receive failed: reconnecting
-	LastMessage time.Time // when its last message came (zero: none yet)
+	LastMessage time.Time // when its last message came, live or replayed (zero: none yet)
 }
 
 // States returns, per endpoint (in NewSubscriber's order), where its
