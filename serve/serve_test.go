@@ -349,7 +349,7 @@ func (e *engine) caughtUp(t *testing.T, url, what string) {
 	testwait.For(t, what, func() bool {
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		e.pub.Publish(nil)
+		nudge(t, e.pub)
 		return dumpHoldings(t, url).Diff(e.want) == ""
 	})
 }
@@ -558,6 +558,17 @@ func newPublisher(t testing.TB) *vllm.Publisher {
 	}
 	t.Cleanup(func() { pub.Close() })
 	return pub
+}
+
+// nudge publishes an empty batch: its sequence number shows a subscriber
+// that joined late, or lost a batch on the wire, the gap to repair. Tests
+// waiting for what an engine published call it on each try: PUB/SUB drops
+// what is sent before a subscription reaches the engine.
+func nudge(t testing.TB, pub *vllm.Publisher) {
+	t.Helper()
+	if _, err := pub.Publish(nil); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // registerPublishers registers n vLLM-compatible publishers with svc as
@@ -812,7 +823,7 @@ func TestRegisteredPoolsSizeTheIndex(t *testing.T) {
 			}
 		}
 		testwait.For(t, "the index to hold what engine 1 published", func() bool {
-			pubs[0].Publish(nil) // shows a subscriber that joined late what it missed
+			nudge(t, pubs[0])
 			return reflect.DeepEqual(dumpHoldings(t, ts.URL), want)
 		})
 		ts.Close()

@@ -82,9 +82,9 @@ type SubscriberConfig struct {
 	// vLLM's default replay buffer).
 	MaxSeqJump uint64
 	// IdleReplay is how long an endpoint with a replay endpoint may go
-	// without a message (live or replayed) before its engine's ring is asked for what
-	// it published past the last batch applied (DefaultIdleReplay;
-	// negative: never). PUB/SUB drops a batch lost on the wire, or sent
+	// without a message (live or replayed) before its engine's ring is
+	// asked for what it published past the last batch applied
+	// (DefaultIdleReplay; negative: never). PUB/SUB drops a batch lost on the wire, or sent
 	// before the subscription reached the engine, without a trace: the
 	// gap shows only with the engine's next batch, which an idle engine
 	// may not send for long. The ring is asked once an idle stretch has
