@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"math"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -139,6 +143,7 @@ func TestIndexerBadFlags(t *testing.T) {
 		{[]string{"serve", "-engines", "99999999999"}, "-engines"},
 		{[]string{"serve", "-stretch", "99999999999"}, "-stretch"},
 		{[]string{"serve", "-engine-blocks", "99999999999"}, "-engine-blocks"},
+		{[]string{"serve", "-request-timeout", "0s"}, "-request-timeout"},
 		{[]string{"serve", "-url", "localhost:8090"}, "-url"}, // refused by its first request, not naming the flag
 	} {
 		_, _, err := runArgs(t, tc.args...)
@@ -326,6 +331,67 @@ func TestServeCommand(t *testing.T) {
 	if !res.DumpEqual || res.Errors != 0 || res.Queries == 0 || res.Requests != 300 || res.Batches != 300 || !(res.MatchedPct > 0 && res.MatchedPct <= 100) || res.HashesPerQ == 0 {
 		t.Fatalf("%+v", res)
 	}
+}
+
+// loadgen serve against a service (-url) that does not answer: a request
+// taking longer than -request-timeout fails the run, naming what it
+// asked, and an interrupt stops a wait for engines the service never
+// subscribes to, instead of its 30 s.
+func TestServeAgainstAServiceThatDoesNotAnswer(t *testing.T) {
+	runServe := func(t *testing.T, url string, stop chan os.Signal) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			var out, errb bytes.Buffer
+			done <- run([]string{"serve", "-url", url, "-request-timeout", "300ms", "-engines", "1", "-synth", "-synth-requests", "10", "-duration", "100ms"}, &out, &errb, stop)
+		}()
+		return done
+	}
+	wait := func(t *testing.T, done <-chan error) error {
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(20 * time.Second):
+			t.Fatal("loadgen serve still running 20 s on")
+			return nil
+		}
+	}
+	t.Run("silent", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() { // accepts and never answers
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+			}
+		}()
+		err = wait(t, runServe(t, "http://"+ln.Addr().String(), make(chan os.Signal)))
+		if err == nil || !strings.Contains(err.Error(), "register engine 0") || !strings.Contains(err.Error(), "Timeout") {
+			t.Fatalf("error %v, want the registration's timeout", err)
+		}
+	})
+	t.Run("never-active", func(t *testing.T) {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/register" {
+				w.WriteHeader(http.StatusCreated)
+				return
+			}
+			fmt.Fprint(w, `[{"instance_id":0,"status":"registered"}]`) // GET /workers: never active
+		}))
+		defer srv.Close()
+		stop := make(chan os.Signal, 1)
+		done := runServe(t, srv.URL, stop)
+		time.Sleep(300 * time.Millisecond)
+		stop <- os.Interrupt
+		if err := wait(t, done); !errors.Is(err, errInterrupted) {
+			t.Fatalf("error %v, want interrupted", err)
+		}
+	})
 }
 
 // `loadgen corpus` writes the indexer's corpus in SMGMCK01, the same bytes

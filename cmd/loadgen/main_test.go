@@ -144,6 +144,7 @@ func TestInterruptStopsEveryCommand(t *testing.T) {
 		{"router", "-synth", "-synth-requests", "100", "-rate", "50", "-duration", "2m", "-workers", "4", "-clients", "2", "-modes", "kv"},
 		{"replay", "-routers", "kv,kv_temp,random,round_robin"},
 		{"ingest", "-events", "400000", "-engines", "2"},
+		{"serve", "-synth", "-synth-requests", "300", "-duration", "2m", "-engines", "2", "-clients", "2", "-rate", "100"},
 	} {
 		t.Run(args[0], func(t *testing.T) {
 			var out, errb bytes.Buffer

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -38,7 +39,8 @@ type serveResult struct {
 	QueryP50Ms  float64 `json:"query_p50_ms"`
 	QueryP99Ms  float64 `json:"query_p99_ms"`
 	Errors      int     `json:"errors"`
-	DumpEqual   bool    `json:"dump_equal"` // /dump equals the events published
+	DumpEqual   bool    `json:"dump_equal"`            // /dump equals the events published
+	Interrupted bool    `json:"interrupted,omitempty"` // stopped by SIGINT: the figures are partial
 }
 
 type serveConfig struct {
@@ -55,6 +57,8 @@ type serveConfig struct {
 	capacity int
 	cpuprof  string
 	sample   string
+	timeout  time.Duration // each HTTP request to the service
+	control  *http.Client  // registrations and the waits, with timeout
 }
 
 func (c *serveConfig) register(fs *flag.FlagSet) {
@@ -67,6 +71,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.blockLen, "block-size", 16, "tokens per KV block")
 	fs.IntVar(&c.stretch, "stretch", 3, "blocks per trace hash id (trace.Stretch): prompts of the embedded trace average 24·stretch blocks")
 	fs.IntVar(&c.capacity, "engine-blocks", 16384, "blocks each engine's prefix cache holds before evicting")
+	fs.DurationVar(&c.timeout, "request-timeout", 10*time.Second, "the longest one HTTP request to the service may take, its answer read (a service that accepts and never answers fails the run)")
 	c.work.register(fs)
 	fs.StringVar(&c.cpuprof, "cpuprofile", "", "write a CPU profile of the timed part (service, engines and clients) to `file`")
 	fs.StringVar(&c.sample, "sample", "", "write a POST /query body for the trace's last prompt, whose blocks the service then holds, to `file` (for curl -H 'Content-Type: application/json' -d @file: the service refuses a body not labelled JSON)")
@@ -105,7 +110,10 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 		return fmt.Errorf("-rate %v, want in (0, %g]", c.rate, maxRate)
 	case c.window <= 0 || c.window > maxDuration:
 		return fmt.Errorf("-duration %v, want in (0, %v]", c.window, maxDuration)
+	case c.timeout <= 0 || c.timeout > maxDuration:
+		return fmt.Errorf("-request-timeout %v, want in (0, %v]", c.timeout, maxDuration)
 	}
+	c.control = &http.Client{Timeout: c.timeout}
 	if err := c.out.validate(); err != nil {
 		return err
 	}
@@ -131,6 +139,8 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	}
 	intr, release := watch(stop)
 	defer release()
+	ctx, cancel := intr.context()
+	defer cancel()
 	base := c.url
 	if base == "" {
 		svc := serve.New(serve.Config{Token: c.token})
@@ -147,12 +157,15 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	res := serveResult{Command: commandLine("serve", args), Trace: name, URL: base, Engines: c.engines, Requests: len(reqs), OfferedQPS: c.rate}
 	batches, want := c.engineBatches(reqs)
 	queries := c.queries(reqs)
-	pubs, err := c.startEngines(base)
+	pubs, err := c.startEngines(ctx, base)
 	defer func() {
 		for _, p := range pubs {
 			p.Close()
 		}
 	}()
+	if intr.Load() {
+		return errInterrupted
+	}
 	if err != nil {
 		return err
 	}
@@ -168,15 +181,17 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 		wg.Go(func() { tallies[k] = c.query(base, k, queries, done, intr) })
 	}
 	var pubWG sync.WaitGroup
+	published := make([]int, len(pubs)) // batches, each publisher's
 	for i, p := range pubs {
 		pubWG.Go(func() {
 			every, next := c.window/time.Duration(max(1, len(batches[i]))), time.Now()
 			for _, evs := range batches[i] {
-				if d := time.Until(next); d > 0 {
-					time.Sleep(d)
+				if d := time.Until(next); d > 0 && !intr.sleep(d) {
+					return
 				}
 				next = next.Add(every)
 				_, _ = p.Publish(evs)
+				published[i]++
 			}
 		})
 	}
@@ -185,8 +200,8 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	elapsed := time.Since(start)
 	wg.Wait()
 	stopProfile()
-	for _, b := range batches {
-		res.Batches += len(b)
+	for _, n := range published {
+		res.Batches += n
 	}
 	res.BatchesPerS = float64(res.Batches) / elapsed.Seconds()
 	var lat [][]time.Duration
@@ -207,14 +222,22 @@ func runServe(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) er
 	if hashes > 0 {
 		res.MatchedPct = 100 * float64(matched) / float64(hashes)
 	}
-	res.DumpEqual = c.dumpEquals(base, want)
-	return c.out.write(stdout, res, func() {
+	res.DumpEqual = c.dumpEquals(ctx, base, want)
+	res.Interrupted = intr.Load()
+	err = c.out.write(stdout, res, func() {
 		fmt.Fprintf(stdout, "%s: %d engines served %d requests in %d batches in %.2fs (%.0f batches/s); %d queries of %.0f hashes (%.1f%% of them held) at %.0f/s (offered %.0f): p50 %.2f ms, p99 %.2f ms; %d errors; /dump equals the events: %v\n",
 			res.Trace, res.Engines, res.Requests, res.Batches, elapsed.Seconds(), res.BatchesPerS, res.Queries, res.HashesPerQ, res.MatchedPct, res.AchievedQPS, res.OfferedQPS, res.QueryP50Ms, res.QueryP99Ms, res.Errors, res.DumpEqual)
+		if res.Interrupted {
+			fmt.Fprintln(stdout, "interrupted: the figures above are partial")
+		}
 	}, func() {
 		fmt.Fprintf(stdout, "BenchmarkServe/engines=%d 1 %.0f ns/op %.0f batches/s %.0f query-p50-ns %.0f query-p99-ns\n",
 			res.Engines, float64(elapsed.Nanoseconds()), res.BatchesPerS, res.QueryP50Ms*1e6, res.QueryP99Ms*1e6)
 	})
+	if err == nil && intr.Load() {
+		return errInterrupted
+	}
+	return err
 }
 
 // writeSample writes -sample: the /query body of the last request's
@@ -265,7 +288,7 @@ func (c *serveConfig) queries(reqs []trace.Request) [][]uint64 {
 }
 
 // startEngines starts the publishers and registers them.
-func (c *serveConfig) startEngines(base string) ([]*vllm.Publisher, error) {
+func (c *serveConfig) startEngines(ctx context.Context, base string) ([]*vllm.Publisher, error) {
 	var pubs []*vllm.Publisher
 	for i := range c.engines {
 		p, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@e@m"})
@@ -276,7 +299,7 @@ func (c *serveConfig) startEngines(base string) ([]*vllm.Publisher, error) {
 		// Each with its pool, as real engines register: the service sizes
 		// the model's index for them (serve.Registration.TotalKVBlocks).
 		body, _ := json.Marshal(serve.Registration{InstanceID: uint64(i), Endpoint: p.Addr(), ReplayEndpoint: p.ReplayAddr(), ModelName: "trace", BlockSize: c.blockLen, TotalKVBlocks: c.capacity})
-		req, err := http.NewRequest(http.MethodPost, base+"/register", bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/register", bytes.NewReader(body))
 		if err != nil {
 			return pubs, err
 		}
@@ -284,45 +307,87 @@ func (c *serveConfig) startEngines(base string) ([]*vllm.Publisher, error) {
 		if c.token != "" {
 			req.Header.Set("Authorization", "Bearer "+c.token)
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := c.control.Do(req)
 		if err != nil {
-			return pubs, err
+			return pubs, fmt.Errorf("register engine %d: %w", i, err)
 		}
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK { // 201 today, 200 before
 			return pubs, fmt.Errorf("register engine %d: %s", i, resp.Status)
 		}
 	}
-	return pubs, c.awaitActive(base)
+	return pubs, c.awaitActive(ctx, base)
 }
 
 // awaitActive waits (30 s at most) until GET /workers shows every engine
 // active: a registration does not wait for its engine to be dialled, and
 // what an engine publishes before it is subscribed to is not heard. A
 // service that does not say (no status) is taken at its word.
-func (c *serveConfig) awaitActive(base string) error {
+func (c *serveConfig) awaitActive(ctx context.Context, base string) error {
 	var last string
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		resp, err := http.Get(base + "/workers?model_name=trace")
-		if err != nil {
-			last = err.Error()
-			continue
-		}
+	ok := poll(ctx, 30*time.Second, 50*time.Millisecond, func() bool {
 		var ws []serve.Worker
-		err = json.NewDecoder(resp.Body).Decode(&ws)
-		resp.Body.Close()
+		if err := c.getJSON(ctx, base+"/workers?model_name=trace", &ws); err != nil {
+			last = err.Error()
+			return false
+		}
 		active := 0
 		for _, w := range ws {
 			if w.Status == "active" || w.Status == "" {
 				active++
 			}
 		}
-		if err == nil && active == c.engines {
-			return nil
-		}
-		last = fmt.Sprintf("%d of %d engines active: %+v (%v)", active, c.engines, ws, err)
+		last = fmt.Sprintf("%d of %d engines active: %+v", active, c.engines, ws)
+		return active == c.engines
+	})
+	switch {
+	case ok:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
 	}
 	return fmt.Errorf("the engines were not all subscribed to within 30 s: %s", last)
+}
+
+// poll calls try every period until it is done, for within at most, or
+// until ctx ends; it reports whether try was done.
+func poll(ctx context.Context, within, period time.Duration, try func() bool) bool {
+	deadline := time.Now().Add(within)
+	for {
+		if try() {
+			return true
+		}
+		if time.Now().Add(period).After(deadline) {
+			return false
+		}
+		t := time.NewTimer(period)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+	}
+}
+
+// getJSON decodes the service's answer to GET url into v, within
+// -request-timeout; an answer other than 200 is an error with its status
+// and the start of its body.
+func (c *serveConfig) getJSON(ctx context.Context, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.control.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("GET %s: %s: %s", req.URL.Path, resp.Status, bytes.TrimSpace(b))
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
 }
 
 // queryTally is one client's count.
@@ -339,7 +404,7 @@ func (c *serveConfig) query(base string, k int, queries [][]uint64, done <-chan 
 	// One connection of its own, kept alive: the default transport keeps
 	// two idle connections a host, so 16 clients would each open new ones
 	// over and over, and measure TCP handshakes.
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	client := &http.Client{Timeout: c.timeout, Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
 	defer client.CloseIdleConnections()
 	var t queryTally
 	// Clients are spread over the period, so that the offered rate comes
@@ -388,25 +453,16 @@ func longestMatch(answer []byte) int {
 
 // dumpEquals waits (20 s at most) until the service's /dump of the model
 // equals want.
-func (c *serveConfig) dumpEquals(base string, want holdings.Set) bool {
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		resp, err := http.Get(base + "/dump")
-		if err != nil {
-			continue
-		}
+func (c *serveConfig) dumpEquals(ctx context.Context, base string, want holdings.Set) bool {
+	return poll(ctx, 20*time.Second, 100*time.Millisecond, func() bool {
 		var dump serve.Dump // either shape: Dynamo's today or the bare list before
-		err = json.NewDecoder(resp.Body).Decode(&dump)
-		resp.Body.Close()
-		if err != nil {
-			continue
+		if c.getJSON(ctx, base+"/dump", &dump) != nil {
+			return false
 		}
 		got := holdings.Set{}
 		for _, ev := range dump["trace:"+serve.DefaultTenant].Events { // in order: parents first
 			_ = got.Apply(ev)
 		}
-		if got.Diff(want) == "" {
-			return true
-		}
-	}
-	return false
+		return got.Diff(want) == ""
+	})
 }
