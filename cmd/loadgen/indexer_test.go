@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -376,17 +377,24 @@ func TestServeAgainstAServiceThatDoesNotAnswer(t *testing.T) {
 		}
 	})
 	t.Run("never-active", func(t *testing.T) {
+		polled := make(chan struct{})
+		var once sync.Once
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path == "/register" {
 				w.WriteHeader(http.StatusCreated)
 				return
 			}
+			once.Do(func() { close(polled) })
 			fmt.Fprint(w, `[{"instance_id":0,"status":"registered"}]`) // GET /workers: never active
 		}))
 		defer srv.Close()
 		stop := make(chan os.Signal, 1)
 		done := runServe(t, srv.URL, stop)
-		time.Sleep(300 * time.Millisecond)
+		select { // the interrupt comes while loadgen waits for the engine
+		case <-polled:
+		case <-time.After(20 * time.Second):
+			t.Fatal("no GET /workers in 20 s")
+		}
 		stop <- os.Interrupt
 		if err := wait(t, done); !errors.Is(err, errInterrupted) {
 			t.Fatalf("error %v, want interrupted", err)
