@@ -11,7 +11,7 @@ import (
 )
 
 func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
-	xw, _ := t.workers.Load(w)
+	xw := t.holder(t.stripe(w.ID), w)
 	if xw == nil {
 		if len(hashes) == 0 {
 			return nil
@@ -58,7 +58,8 @@ func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
 	return nil
 }
 
-// forget drops everything xw holds and releases its slot.
+// forget drops everything xw holds and releases its slot (its stripe
+// held).
 func (t *CompressedTree) forget(xw *xworker) {
 	left := 0
 	for r := range xw.runs {
@@ -69,6 +70,9 @@ func (t *CompressedTree) forget(xw *xworker) {
 	t.addSize(xw, -left)
 	xw.runs, xw.xnames, xw.xcount = nil, nil, nil
 	t.workers.Delete(xw.worker)
+	if st := t.stripe(xw.worker.ID); st.last == xw {
+		st.last = nil
+	}
 	t.slotMu.Lock()
 	t.freeSlot = append(t.freeSlot, xw.slot)
 	t.slotMu.Unlock()

@@ -53,7 +53,8 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	if err := checkChain(w, d); err != nil {
 		return err
 	}
-	xw, _ := t.workers.Load(w)
+	st := t.stripe(w.ID)
+	xw := t.holder(st, w)
 	others := otherTiersOf(t.workers, &t.tiered, w)
 	var parent uint64 // the root
 	if d.HasParent {
@@ -79,8 +80,9 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	}
 	if xw == nil {
 		xw = t.worker(w)
+		st.last = xw
 	}
-	s := t.stores.Get().(*storeScratch)
+	s := st.storeScratch()
 	if s.spare == nil {
 		s.spare, s.spareArrays = new(crun), new(oneBlock)
 	}
@@ -94,8 +96,31 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	l.release()
 	t.addSize(xw, joined-l.left) // once per event, not per block
 	t.moved(others, d.Blocks, s.locs)
-	t.stores.Put(s)
+	s.shrink()
 	return nil
+}
+
+// storeScratch returns the stripe's store scratch, for a writer holding it.
+func (st *writerStripe) storeScratch() *storeScratch {
+	if st.scratch == nil {
+		st.scratch = &storeScratch{}
+	}
+	return st.scratch
+}
+
+// keptScratch is the most blocks a stripe's scratch keeps room for after
+// a store: a larger event's arrays go with it, so that 16 stripes do not
+// hold on to the largest event each has seen.
+const keptScratch = 4096
+
+// shrink lets arrays grown past keptScratch go.
+func (s *storeScratch) shrink() {
+	if cap(s.locs) > keptScratch {
+		s.locs, s.fresh = nil, nil
+	}
+	if cap(s.old) > keptScratch {
+		s.old = nil
+	}
 }
 
 // moved makes the other tiers' holders leave the event's engine hashes
