@@ -150,6 +150,10 @@ func tail(b *testing.B, newIndex func() radix.Index, remove bool, run int) {
 // far from storing order), so that each hash's lookup is a cache miss;
 // lane=0 applies the events one by one, lane=64 64 at a time through
 // ApplyBatch, as a pool lane does. ns/block is per removed block.
+// order=tail removes them a hash an event as vLLM evicts a finished
+// sequence, from its tail: each worker's requests last first, each from
+// its last block (a block another request of the worker shares goes with
+// the first to name it).
 func BenchmarkEvictBatch(b *testing.B) {
 	reqs, _ := shapedWorkload(b)
 	held := map[kvevent.WorkerID]map[uint64]bool{}
@@ -183,22 +187,55 @@ func BenchmarkEvictBatch(b *testing.B) {
 		}
 		for _, lane := range lanes {
 			b.Run(fmt.Sprintf("impl=compressed/batch=%d/lane=%d", batch, lane), func(b *testing.B) {
-				for b.Loop() {
-					b.StopTimer()
-					idx := radix.NewCompressedTree()
-					for _, r := range reqs {
-						if err := idx.Apply(r.store); err != nil {
-							b.Fatal(err)
-						}
-					}
-					runtime.GC()
-					b.StartTimer()
-					evict(b, idx, removals, lane)
-				}
-				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(blocks), "ns/block")
+				evictTrace(b, reqs, removals, blocks, lane)
 			})
 		}
 	}
+	tail := tailFirst(reqs)
+	for _, lane := range []int{0, 64} {
+		b.Run(fmt.Sprintf("impl=compressed/batch=1/lane=%d/order=tail", lane), func(b *testing.B) {
+			evictTrace(b, reqs, tail, len(tail), lane)
+		})
+	}
+}
+
+// evictTrace times evict over an index holding the trace's stores, made
+// for each iteration; ns/block is per removed block.
+func evictTrace(b *testing.B, reqs []shapedReq, removals []kvevent.RouterEvent, blocks, lane int) {
+	for b.Loop() {
+		b.StopTimer()
+		idx := radix.NewCompressedTree()
+		for _, r := range reqs {
+			if err := idx.Apply(r.store); err != nil {
+				b.Fatal(err)
+			}
+		}
+		runtime.GC()
+		b.StartTimer()
+		evict(b, idx, removals, lane)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(blocks), "ns/block")
+}
+
+// tailFirst removes every block the trace's stores leave held, a hash an
+// event, each worker's requests last first and each from its tail.
+func tailFirst(reqs []shapedReq) []kvevent.RouterEvent {
+	gone := map[kvevent.WorkerID]map[uint64]bool{}
+	var out []kvevent.RouterEvent
+	for i := len(reqs) - 1; i >= 0; i-- {
+		w := reqs[i].store.WorkerID
+		if gone[w] == nil {
+			gone[w] = map[uint64]bool{}
+		}
+		bs := reqs[i].store.Event.Data.(kvevent.Stored).Blocks
+		for j := len(bs) - 1; j >= 0; j-- {
+			if h := bs[j].BlockHash; !gone[w][h] {
+				gone[w][h] = true
+				out = append(out, kvevent.RouterEvent{WorkerID: w, Event: kvevent.Event{Data: kvevent.Removed{BlockHashes: []uint64{h}}}})
+			}
+		}
+	}
+	return out
 }
 
 // evict applies the removals one by one (lane 0), or lane at a time

@@ -220,11 +220,14 @@ const writerStripes = 16
 
 // writerStripe is what the writers of one stripe share: the lock Dump takes
 // to hold them off, their share of the size, the run ids they have to hand
-// (see runTable), the runs they made (for serials), a store's scratch and
-// the worker an event named last, all theirs while they hold the lock. The
-// last two spare each event the workers map's hash of its worker (a struct,
-// hashed by maphash.Comparable) and a sync.Pool's get and put: 12-17% of a
-// one-block store (results/stripe-holder.txt). One cache line.
+// (see runTable), the runs they made (for serials), a store's scratch, the
+// worker an event named last and where a removal left its worker, all
+// theirs while they hold the lock. The scratch and the last worker spare
+// each event the workers map's hash of its worker (a struct, hashed by
+// maphash.Comparable) and a sync.Pool's get and put: 12-17% of a one-block
+// store (results/stripe-holder.txt); left spares an engine's next removal
+// in a tail-first eviction (vLLM sends one hash an event) the table's
+// lookup (see leaver.resume). Two cache lines.
 type writerStripe struct {
 	mu      sync.Mutex
 	size    atomic.Int64
@@ -232,6 +235,8 @@ type writerStripe struct {
 	made    uint64
 	scratch *storeScratch // nil until the stripe's first store
 	last    *xworker      // in workers; nil once forgotten (forget)
+	left    leftAt
+	_       [128 - 88]byte
 }
 
 // serial returns a serial for a run a writer of worker id makes (its

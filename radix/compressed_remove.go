@@ -11,7 +11,8 @@ import (
 )
 
 func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
-	xw := t.holder(t.stripe(w.ID), w)
+	st := t.stripe(w.ID)
+	xw := t.holder(st, w)
 	if xw == nil {
 		if len(hashes) == 0 {
 			return nil
@@ -20,6 +21,9 @@ func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
 	}
 	missing := 0
 	l := leaver{t: t, xw: xw}
+	if len(hashes) > 0 {
+		l.resume(st.left, hashes[0])
+	}
 	peeked := 1 // hashes[:peeked] were prefetched, or are not to be
 	for i, h := range hashes {
 		loc, ok := l.follows(h)
@@ -47,6 +51,7 @@ func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
 		}
 		l.unname(loc, own)
 	}
+	st.left = leftAt{xw: xw, r: l.r, last: l.last}
 	l.release()
 	t.addSize(xw, -l.left)
 	if xw.size.Load() == 0 {
@@ -72,6 +77,8 @@ func (t *CompressedTree) forget(xw *xworker) {
 	t.workers.Delete(xw.worker)
 	if st := t.stripe(xw.worker.ID); st.last == xw {
 		st.last = nil
+	} else if st.left.xw == xw {
+		st.left = leftAt{}
 	}
 	t.slotMu.Lock()
 	t.freeSlot = append(t.freeSlot, xw.slot)
@@ -112,6 +119,39 @@ type leaver struct {
 	r    *crun  // locked, or nil
 	last uint32 // the position in r the worker left last
 	left int    // blocks the worker left
+}
+
+// leftAt is where a removal left its worker xw: last, the position it left
+// last in run r (nil: none in hand when it ended).
+type leftAt struct {
+	xw   *xworker
+	r    *crun
+	last uint32
+}
+
+// resume takes up, for the event's first hash h, where the stripe's last
+// removal left the same worker, if h may be the block before (the engine
+// hash there, read as the table's lookups read it): the run locked, as
+// follows needs it, which then checks all that nameOf would. An engine
+// evicting a sequence from its tail in events of one hash each (vLLM)
+// then finds each block in the run, not by a lookup in the table, a
+// random line an event. Anything the worker or others did meanwhile is
+// what follows checks, under the lock; a run deleted meanwhile is dead.
+func (l *leaver) resume(at leftAt, h uint64) {
+	r := at.r
+	if at.xw != l.xw || r == nil || at.last == 0 {
+		return
+	}
+	p := at.last - 1
+	if eng := r.eng.Load(); eng == nil || p >= r.n.Load() || int(p) >= len(*eng) || (*eng)[p] != h {
+		return
+	}
+	r.mu.Lock()
+	if r.dead {
+		r.mu.Unlock()
+		return
+	}
+	l.r, l.last = r, at.last
 }
 
 // follows returns the block before the one the worker left last, in the

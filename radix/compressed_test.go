@@ -197,9 +197,11 @@ func TestAppendMatches(t *testing.T) {
 	}
 }
 
+// Stripes are whole cache lines, so that no two share one: a writer
+// stripe two, a root stripe one.
 func TestCompressedStripeLayout(t *testing.T) {
-	if radix.WriterStripeSize != 64 || radix.PaddedMutexSize != 64 {
-		t.Fatalf("writer stripe %d bytes, root stripe %d, want 64 each", radix.WriterStripeSize, radix.PaddedMutexSize)
+	if radix.WriterStripeSize != 128 || radix.PaddedMutexSize != 64 {
+		t.Fatalf("writer stripe %d bytes, root stripe %d, want 128 and 64", radix.WriterStripeSize, radix.PaddedMutexSize)
 	}
 }
 
