@@ -75,10 +75,12 @@ func (t *CompressedTree) forget(xw *xworker) {
 	t.addSize(xw, -left)
 	xw.runs, xw.xnames, xw.xcount = nil, nil, nil
 	t.workers.Delete(xw.worker)
-	if st := t.stripe(xw.worker.ID); st.last == xw {
+	st := t.stripe(xw.worker.ID)
+	if st.last == xw {
 		st.last = nil
-	} else if st.left.xw == xw {
-		st.left = leftAt{}
+	}
+	if st.left.xw == xw {
+		st.left = leftAt{} // and its run
 	}
 	t.slotMu.Lock()
 	t.freeSlot = append(t.freeSlot, xw.slot)

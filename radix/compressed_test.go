@@ -197,6 +197,35 @@ func TestAppendMatches(t *testing.T) {
 	}
 }
 
+// A worker that leaves every block, evicting them from the tail a hash an
+// event (so that its stripe remembers both it and where its last removal
+// left it), is forgotten by its stripe too: nothing keeps its state or its
+// runs alive, and it comes back as a new worker.
+func TestCompressedStripeForgets(t *testing.T) {
+	idx := radix.NewCompressedTree()
+	w := kvevent.Worker{ID: 3}
+	hs := make([]uint64, 8)
+	blocks := make([]kvevent.StoredBlock, len(hs))
+	for i := range hs {
+		hs[i] = uint64(1000 + i)
+		blocks[i] = kvevent.StoredBlock{BlockHash: hs[i], TokensHash: uint64(7 + i)}
+	}
+	if err := idx.Apply(kvevent.RouterEvent{WorkerID: w.ID, Event: kvevent.Event{Data: kvevent.Stored{Blocks: blocks}}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := len(hs) - 1; i >= 0; i-- {
+		if i == 0 && !radix.StripeRemembers(idx, w) {
+			t.Fatal("the stripe remembers nothing of the worker while it still holds a block")
+		}
+		if err := idx.Apply(kvevent.RouterEvent{WorkerID: w.ID, Event: kvevent.Event{Data: kvevent.Removed{BlockHashes: hs[i : i+1]}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if idx.Size() != 0 || radix.StripeRemembers(idx, w) {
+		t.Fatalf("size %d; the stripe still points at the forgotten worker: %v", idx.Size(), radix.StripeRemembers(idx, w))
+	}
+}
+
 // Stripes are whole cache lines, so that no two share one: a writer
 // stripe two, a root stripe one.
 func TestCompressedStripeLayout(t *testing.T) {

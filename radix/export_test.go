@@ -528,8 +528,16 @@ func ConcurrentHasNode(t *ConcurrentTree, key uint64) bool {
 	return ok
 }
 
-// Padded layouts: a writer stripe and a root stripe each fill one cache
-// line, so that writers of different stripes share none.
+// StripeRemembers reports whether w's writer stripe still points at a
+// state of w's: the last worker its events named, or where a removal left
+// one.
+func StripeRemembers(t *CompressedTree, w kvevent.Worker) bool {
+	st := t.stripe(w.ID)
+	return (st.last != nil && st.last.worker == w) || (st.left.xw != nil && st.left.xw.worker == w)
+}
+
+// Padded layouts: a writer stripe fills two cache lines and a root stripe
+// one, so that writers of different stripes share none.
 const (
 	WriterStripeSize = unsafe.Sizeof(writerStripe{})
 	PaddedMutexSize  = unsafe.Sizeof(paddedMutex{})
