@@ -200,7 +200,7 @@ func TestAppendMatches(t *testing.T) {
 // A worker that leaves every block, evicting them from the tail a hash an
 // event (so that its stripe remembers both it and where its last removal
 // left it), is forgotten by its stripe too: nothing keeps its state or its
-// runs alive, and it comes back as a new worker.
+// runs alive.
 func TestCompressedStripeForgets(t *testing.T) {
 	idx := radix.NewCompressedTree()
 	w := kvevent.Worker{ID: 3}

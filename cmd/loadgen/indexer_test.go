@@ -339,7 +339,7 @@ func TestServeCommand(t *testing.T) {
 // asked, and an interrupt stops a wait for engines the service never
 // subscribes to, instead of its 30 s.
 func TestServeAgainstAServiceThatDoesNotAnswer(t *testing.T) {
-	runServe := func(t *testing.T, url string, stop chan os.Signal) <-chan error {
+	start := func(url string, stop chan os.Signal) <-chan error {
 		done := make(chan error, 1)
 		go func() {
 			var out, errb bytes.Buffer
@@ -348,6 +348,7 @@ func TestServeAgainstAServiceThatDoesNotAnswer(t *testing.T) {
 		return done
 	}
 	wait := func(t *testing.T, done <-chan error) error {
+		t.Helper()
 		select {
 		case err := <-done:
 			return err
@@ -371,7 +372,7 @@ func TestServeAgainstAServiceThatDoesNotAnswer(t *testing.T) {
 				defer c.Close()
 			}
 		}()
-		err = wait(t, runServe(t, "http://"+ln.Addr().String(), make(chan os.Signal)))
+		err = wait(t, start("http://"+ln.Addr().String(), make(chan os.Signal)))
 		if err == nil || !strings.Contains(err.Error(), "register engine 0") || !strings.Contains(err.Error(), "Timeout") {
 			t.Fatalf("error %v, want the registration's timeout", err)
 		}
@@ -389,7 +390,7 @@ func TestServeAgainstAServiceThatDoesNotAnswer(t *testing.T) {
 		}))
 		defer srv.Close()
 		stop := make(chan os.Signal, 1)
-		done := runServe(t, srv.URL, stop)
+		done := start(srv.URL, stop)
 		select { // the interrupt comes while loadgen waits for the engine
 		case <-polled:
 		case <-time.After(20 * time.Second):

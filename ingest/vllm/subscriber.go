@@ -82,15 +82,15 @@ type SubscriberConfig struct {
 	// vLLM's default replay buffer).
 	MaxSeqJump uint64
 	// IdleReplay is how long an endpoint with a replay endpoint may go
-	// without a message (live or replayed) before its engine's ring is
-	// asked for what it published past the last batch applied
-	// (DefaultIdleReplay; negative: never). PUB/SUB drops a batch lost on the wire, or sent
-	// before the subscription reached the engine, without a trace: the
-	// gap shows only with the engine's next batch, which an idle engine
-	// may not send for long. The ring is asked once an idle stretch has
-	// lasted IdleReplay, then after 2, 4, 8... times that, and only if it
-	// still holds the last batch applied (else the engine may have
-	// restarted, which its next live message shows).
+	// without a message (live or replayed) before its engine's ring is asked
+	// for what it published past the last batch applied (DefaultIdleReplay;
+	// negative: never). PUB/SUB drops a batch lost on the wire, or sent
+	// before the subscription reached the engine, without a trace: the gap
+	// shows only with the engine's next batch, which an idle engine may not
+	// send for long. The ring is asked once an idle stretch has lasted
+	// IdleReplay, then after 2, 4, 8... times that, and only if it still
+	// holds the last batch applied (else the engine may have restarted,
+	// which its next live message shows).
 	IdleReplay time.Duration
 	// OnLoss, if set, hears every loss as it is found (from the endpoint's
 	// goroutine).
