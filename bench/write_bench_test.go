@@ -187,21 +187,21 @@ func BenchmarkEvictBatch(b *testing.B) {
 		}
 		for _, lane := range lanes {
 			b.Run(fmt.Sprintf("impl=compressed/batch=%d/lane=%d", batch, lane), func(b *testing.B) {
-				evictTrace(b, reqs, removals, blocks, lane)
+				overTrace(b, reqs, removals, blocks, lane)
 			})
 		}
 	}
 	tail := tailFirst(reqs)
 	for _, lane := range []int{0, 64} {
 		b.Run(fmt.Sprintf("impl=compressed/batch=1/lane=%d/order=tail", lane), func(b *testing.B) {
-			evictTrace(b, reqs, tail, len(tail), lane)
+			overTrace(b, reqs, tail, len(tail), lane)
 		})
 	}
 }
 
-// evictTrace times evict over an index holding the trace's stores, made
-// for each iteration; ns/block is per removed block.
-func evictTrace(b *testing.B, reqs []shapedReq, removals []kvevent.RouterEvent, blocks, lane int) {
+// overTrace times evs applied to an index holding the trace's stores,
+// made for each iteration; ns/block is per block of evs (blocks in all).
+func overTrace(b *testing.B, reqs []shapedReq, evs []kvevent.RouterEvent, blocks, lane int) {
 	for b.Loop() {
 		b.StopTimer()
 		idx := radix.NewCompressedTree()
@@ -212,9 +212,54 @@ func evictTrace(b *testing.B, reqs []shapedReq, removals []kvevent.RouterEvent, 
 		}
 		runtime.GC()
 		b.StartTimer()
-		evict(b, idx, removals, lane)
+		applyAll(b, idx, evs, lane)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(blocks), "ns/block")
+}
+
+// BenchmarkDecode is the stores of engines decoding, as vLLM sends them:
+// the whole trace stored (16 workers), then, for seqs=N sequences a
+// worker (its last N requests), a block at a time under the block the
+// sequence's last store ended with, the sequences of each worker in turn
+// (a decode step fills a block of each), 64Ki blocks in all. Every store
+// is of one block, where the table's lines, the runs' and the parent's are
+// cache misses. lane as in BenchmarkEvictBatch; ns/block is per stored
+// block.
+func BenchmarkDecode(b *testing.B) {
+	reqs, _ := shapedWorkload(b)
+	for _, seqs := range []int{1, 32} {
+		evs := decodeSteps(reqs, seqs, 1<<16)
+		for _, lane := range []int{0, 64} {
+			b.Run(fmt.Sprintf("impl=compressed/seqs=%d/lane=%d", seqs, lane), func(b *testing.B) {
+				overTrace(b, reqs, evs, len(evs), lane)
+			})
+		}
+	}
+}
+
+// decodeSteps returns n one-block stores (new engine and tokens hashes),
+// each under the last block of its sequence: the last seqs requests of
+// each worker, then the blocks stored after them.
+func decodeSteps(reqs []shapedReq, seqs, n int) []kvevent.RouterEvent {
+	tips := map[kvevent.WorkerID][]uint64{}
+	for i := len(reqs) - 1; i >= 0; i-- {
+		w := reqs[i].store.WorkerID
+		if bs := reqs[i].store.Event.Data.(kvevent.Stored).Blocks; len(tips[w]) < seqs && len(bs) > 0 {
+			tips[w] = append(tips[w], bs[len(bs)-1].BlockHash)
+		}
+	}
+	evs := make([]kvevent.RouterEvent, 0, n)
+	next := uint64(1) << 62 // above the trace's engine hashes
+	for len(evs) < n {
+		for w := range kvevent.WorkerID(shapedWorkers) {
+			for s, tip := range tips[w] {
+				next++
+				evs = append(evs, chain(kvevent.Worker{ID: w}, tip, true, next, 1, func(int) uint64 { return tokensHash(int(next)) }))
+				tips[w][s] = next
+			}
+		}
+	}
+	return evs[:n]
 }
 
 // tailFirst removes every block the trace's stores leave held, a hash an
@@ -238,11 +283,11 @@ func tailFirst(reqs []shapedReq) []kvevent.RouterEvent {
 	return out
 }
 
-// evict applies the removals one by one (lane 0), or lane at a time
+// applyAll applies the events one by one (lane 0), or lane at a time
 // through ApplyBatch, as a pool lane does.
-func evict(b *testing.B, idx *radix.CompressedTree, removals []kvevent.RouterEvent, lane int) {
+func applyAll(b *testing.B, idx *radix.CompressedTree, evs []kvevent.RouterEvent, lane int) {
 	if lane == 0 {
-		for _, ev := range removals {
+		for _, ev := range evs {
 			if err := idx.Apply(ev); err != nil {
 				b.Fatal(err)
 			}
@@ -250,14 +295,14 @@ func evict(b *testing.B, idx *radix.CompressedTree, removals []kvevent.RouterEve
 		return
 	}
 	errs := make([]error, lane)
-	for len(removals) > 0 {
-		n := min(lane, len(removals))
-		idx.ApplyBatch(removals[:n], errs)
+	for len(evs) > 0 {
+		n := min(lane, len(evs))
+		idx.ApplyBatch(evs[:n], errs)
 		for _, err := range errs[:n] {
 			if err != nil {
 				b.Fatal(err)
 			}
 		}
-		removals = removals[n:]
+		evs = evs[n:]
 	}
 }

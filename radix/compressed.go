@@ -357,6 +357,7 @@ type xworker struct {
 	runs   map[*crun]struct{} // the runs it holds blocks of
 	xnames map[uint64]uint64  // its names of its own: engine hash -> location (nil: none)
 	xcount map[uint64]uint32  // location -> how many xnames name it, | noOwn (nil: none)
+	tips   *tipCache          // where its last stores ended (nil until its first)
 }
 
 // noOwn marks, in xcount, a block the worker holds only by names of its

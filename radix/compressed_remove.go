@@ -73,7 +73,7 @@ func (t *CompressedTree) forget(xw *xworker) {
 		t.settle(r, xw)
 	}
 	t.addSize(xw, -left)
-	xw.runs, xw.xnames, xw.xcount = nil, nil, nil
+	xw.runs, xw.xnames, xw.xcount, xw.tips = nil, nil, nil, nil
 	t.workers.Delete(xw.worker)
 	st := t.stripe(xw.worker.ID)
 	if st.last == xw {

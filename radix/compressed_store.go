@@ -53,6 +53,12 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	if err := checkChain(w, d); err != nil {
 		return err
 	}
+	if len(d.Blocks) > 0 {
+		// Ask for the first block's slot in the table now, for its claim,
+		// so that the miss overlaps the parent's and the runs': an event
+		// of one block (a decode step's) has no claims ahead to overlap.
+		t.chain.prepare(d.Blocks[0].BlockHash)
+	}
 	st := t.stripe(w.ID)
 	xw := t.holder(st, w)
 	others := otherTiersOf(t.workers, &t.tiered, w)
@@ -60,7 +66,9 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	if d.HasParent {
 		ok := false
 		if xw != nil {
-			parent, _, ok = t.nameOf(xw, d.ParentHash)
+			if parent, ok = t.tipOf(xw, d.ParentHash); !ok {
+				parent, _, ok = t.nameOf(xw, d.ParentHash)
+			}
 		}
 		// A block stored in one tier may hang under one held in another:
 		// the worker's other holders are written by this goroutine too, so
@@ -96,6 +104,7 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	l.release()
 	t.addSize(xw, joined-l.left) // once per event, not per block
 	t.moved(others, d.Blocks, s.locs)
+	xw.tip(d.Blocks[n-1].BlockHash, s.locs[n-1])
 	s.shrink()
 	return nil
 }
@@ -142,6 +151,43 @@ func (t *CompressedTree) moved(others [kvevent.NumTiers - 1]*xworker, blocks []k
 			_ = t.remove(o.worker, gone) // all held: no error
 		}
 	}
+}
+
+// tipCache holds, by engine hash, where a worker's recent stores ended:
+// an engine decoding stores a block an event for each sequence that filled
+// one, under the block the sequence's last store ended with (vLLM), and
+// finds its parent here instead of in the table (a random line of a large
+// table an event, and the run's header and keys after it).
+type tipCache [tipSlots]struct{ h, loc uint64 }
+
+// tipSlots is how many tips a worker keeps: its concurrent sequences.
+const tipSlots = 64
+
+// tip remembers that the store ended at loc, the block xw names by h.
+func (xw *xworker) tip(h, loc uint64) {
+	if xw.tips == nil {
+		xw.tips = new(tipCache)
+	}
+	xw.tips[h%tipSlots] = struct{ h, loc uint64 }{h, loc}
+}
+
+// tipOf returns the block a recent store of xw ended at, if xw names it by
+// h: what nameOf would return, read from the run. The check is held's: a
+// position xw holds by its own hash is below every length published
+// since, claims its own hash, and xw has no name of its own for that hash.
+func (t *CompressedTree) tipOf(xw *xworker, h uint64) (uint64, bool) {
+	if xw.tips == nil {
+		return 0, false
+	}
+	e := xw.tips[h%tipSlots]
+	if e.h != h || e.loc == 0 {
+		return 0, false
+	}
+	r, off := t.unpack(e.loc)
+	if r == nil || !xw.holdsOwnAt(e.loc, r, off) || (*r.eng.Load())[off] != h {
+		return 0, false
+	}
+	return e.loc, true
 }
 
 // nameOf returns the block xw names by engine hash h, and whether h is

@@ -209,6 +209,22 @@ func Run(t *testing.T, newIndex func() radix.Index) {
 			wantSize: 4,
 		},
 		{
+			name:     "a store under the block the worker's last store ended with, since removed, is rejected",
+			steps:    []step{ev(Stored(w1, -1, 10, 1, 11, 2), nil), ev(Removed(w1, 11), nil), ev(Stored(w1, 11, 12, 3), radix.ErrParentNotFound)},
+			query:    []uint64{1, 2, 3},
+			want:     Scores{w1: 1},
+			wantSize: 1,
+		},
+		{
+			// Hash 11 ended the first store at block [1 2], then moved to
+			// block [3] in a store that ended elsewhere.
+			name:     "a store under a hash a store ended with, since moved to another block, goes under that block",
+			steps:    []step{ev(Stored(w1, -1, 10, 1, 11, 2), nil), ev(Stored(w1, -1, 11, 3, 20, 5), nil), ev(Stored(w1, 11, 12, 4), nil)},
+			query:    []uint64{3, 4},
+			want:     Scores{w1: 2},
+			wantSize: 4,
+		},
+		{
 			name:     "an engine hash stored at another block moves there",
 			steps:    []step{ev(Stored(w1, -1, 10, 1), nil), ev(Stored(w1, -1, 10, 2), nil)},
 			query:    []uint64{1},
