@@ -227,7 +227,7 @@ func overTrace(b *testing.B, reqs []shapedReq, evs []kvevent.RouterEvent, blocks
 // block.
 func BenchmarkDecode(b *testing.B) {
 	reqs, _ := shapedWorkload(b)
-	for _, seqs := range []int{1, 32} {
+	for _, seqs := range []int{1, 32, 256} {
 		evs := decodeSteps(reqs, seqs, 1<<16)
 		for _, lane := range []int{0, 64} {
 			b.Run(fmt.Sprintf("impl=compressed/seqs=%d/lane=%d", seqs, lane), func(b *testing.B) {

@@ -66,7 +66,7 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	if d.HasParent {
 		ok := false
 		if xw != nil {
-			if parent, ok = t.tipOf(xw, d.ParentHash); !ok {
+			if parent, ok = t.tipOf(xw, d.ParentHash, len(d.Blocks) == 1); !ok {
 				parent, _, ok = t.nameOf(xw, d.ParentHash)
 			}
 		}
@@ -104,7 +104,7 @@ func (t *CompressedTree) store(w kvevent.Worker, d kvevent.Stored) error {
 	l.release()
 	t.addSize(xw, joined-l.left) // once per event, not per block
 	t.moved(others, d.Blocks, s.locs)
-	xw.tip(d.Blocks[n-1].BlockHash, s.locs[n-1])
+	t.tip(xw, d.Blocks[n-1].BlockHash, s.locs[n-1])
 	s.shrink()
 	return nil
 }
@@ -153,41 +153,76 @@ func (t *CompressedTree) moved(others [kvevent.NumTiers - 1]*xworker, blocks []k
 	}
 }
 
-// tipCache holds, by engine hash, where a worker's recent stores ended:
-// an engine decoding stores a block an event for each sequence that filled
-// one, under the block the sequence's last store ended with (vLLM), and
-// finds its parent here instead of in the table (a random line of a large
-// table an event, and the run's header and keys after it).
-type tipCache [tipSlots]struct{ h, loc uint64 }
-
-// tipSlots is how many tips a worker keeps: its concurrent sequences.
-const tipSlots = 64
-
-// tip remembers that the store ended at loc, the block xw names by h.
-func (xw *xworker) tip(h, loc uint64) {
-	if xw.tips == nil {
-		xw.tips = new(tipCache)
-	}
-	xw.tips[h%tipSlots] = struct{ h, loc uint64 }{h, loc}
+// tipCache holds where a worker's recent stores ended: an engine decoding
+// stores a block an event for each sequence that filled one, under the
+// block the sequence's last store ended with (vLLM), and finds its parent
+// here instead of in the table, where it is a random line of a large
+// table (the run's lines it reads instead are the ones its walk reads
+// next). A tip is kept as the table keeps an entry (chainTable.encode: the
+// hash's fingerprint and the block's location, 8 bytes), at the
+// fingerprint's low bits. The cache starts at minTips slots and doubles,
+// up to maxTips, each time one-block stores under a parent have missed it
+// as many times as it has slots: a worker decoding more sequences than it
+// has room for; a worker that stores whole prompts keeps 128 bytes.
+type tipCache struct {
+	slots  []uint64
+	missed int
 }
+
+const (
+	minTips = 16
+	maxTips = 1024
+)
+
+// tip remembers that a store of xw ended at loc, the block xw names by h.
+func (t *CompressedTree) tip(xw *xworker, h, loc uint64) {
+	if xw.tips == nil {
+		xw.tips = &tipCache{slots: make([]uint64, minTips)}
+	}
+	fp := t.chain.fingerprint(h)
+	if v, ok := t.chain.encode(fp, loc); ok { // else not claimed: no tip
+		xw.tips.put(fp, v)
+	}
+}
+
+func (c *tipCache) put(fp, v uint64) { c.slots[fp&uint64(len(c.slots)-1)] = v }
 
 // tipOf returns the block a recent store of xw ended at, if xw names it by
 // h: what nameOf would return, read from the run. The check is held's: a
 // position xw holds by its own hash is below every length published
 // since, claims its own hash, and xw has no name of its own for that hash.
-func (t *CompressedTree) tipOf(xw *xworker, h uint64) (uint64, bool) {
-	if xw.tips == nil {
+// decoding says the store asking is of one block (see tipCache).
+func (t *CompressedTree) tipOf(xw *xworker, h uint64, decoding bool) (uint64, bool) {
+	c := xw.tips
+	if c == nil {
 		return 0, false
 	}
-	e := xw.tips[h%tipSlots]
-	if e.h != h || e.loc == 0 {
-		return 0, false
+	fp := t.chain.fingerprint(h)
+	if v := c.slots[fp&uint64(len(c.slots)-1)]; isEntry(v) && slotFP(v) == fp {
+		loc := decode(v)
+		if r, off := t.unpack(loc); r != nil && xw.holdsOwnAt(loc, r, off) && (*r.eng.Load())[off] == h {
+			return loc, true
+		}
 	}
-	r, off := t.unpack(e.loc)
-	if r == nil || !xw.holdsOwnAt(e.loc, r, off) || (*r.eng.Load())[off] != h {
-		return 0, false
+	if decoding {
+		c.miss()
 	}
-	return e.loc, true
+	return 0, false
+}
+
+// miss counts a one-block store's miss, doubling the cache (its tips kept)
+// once they are as many as its slots.
+func (c *tipCache) miss() {
+	if c.missed++; c.missed < len(c.slots) || len(c.slots) >= maxTips {
+		return
+	}
+	old := c.slots
+	c.slots, c.missed = make([]uint64, 2*len(old)), 0
+	for _, v := range old {
+		if isEntry(v) {
+			c.put(slotFP(v), v)
+		}
+	}
 }
 
 // nameOf returns the block xw names by engine hash h, and whether h is

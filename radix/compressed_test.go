@@ -226,6 +226,47 @@ func TestCompressedStripeForgets(t *testing.T) {
 	}
 }
 
+// A worker's tips grow with the sequences it decodes (one-block stores
+// under the block each sequence's last store ended with) and stay small
+// for one storing whole prompts; the stores land where the model says.
+func TestCompressedTipsGrowWithSequences(t *testing.T) {
+	idx, model := radix.NewCompressedTree(), radixtest.NewModel()
+	decoder, prompter := kvevent.Worker{ID: 1}, kvevent.Worker{ID: 2}
+	const seqs, rounds = 300, 8
+	apply := func(ev kvevent.RouterEvent) {
+		t.Helper()
+		if err := idx.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+		model.Apply(ev)
+	}
+	tips := make([]uint64, seqs)
+	for s := range tips {
+		tips[s] = uint64(1000 + s)
+		apply(radixtest.Stored(decoder, -1, tips[s], uint64(s+1)))
+		apply(radixtest.Stored(prompter, -1, tips[s]+1<<32, uint64(s+1), tips[s]+2<<32, 7))
+	}
+	next := uint64(1 << 40)
+	for range rounds {
+		for s := range tips {
+			next++
+			apply(radixtest.Stored(decoder, int64(tips[s]), next, next))
+			tips[s] = next
+		}
+	}
+	if got := radix.TipSlots(idx, decoder); got < seqs || got > 1024 {
+		t.Errorf("a worker decoding %d sequences keeps %d tips, want %d to 1024", seqs, got, seqs)
+	}
+	if got := radix.TipSlots(idx, prompter); got != 16 {
+		t.Errorf("a worker storing prompts keeps %d tips, want 16", got)
+	}
+	first := []uint64{1} // the first sequence's tokens hashes
+	for r := range rounds {
+		first = append(first, 1<<40+uint64(r*seqs)+1)
+	}
+	radixtest.Check(t, idx, model, first)
+}
+
 // Stripes are whole cache lines, so that no two share one: a writer
 // stripe two, a root stripe one.
 func TestCompressedStripeLayout(t *testing.T) {

@@ -536,6 +536,14 @@ func StripeRemembers(t *CompressedTree, w kvevent.Worker) bool {
 	return (st.last != nil && st.last.worker == w) || (st.left.xw != nil && st.left.xw.worker == w)
 }
 
+// TipSlots returns how many tips w's state keeps (0: none yet).
+func TipSlots(t *CompressedTree, w kvevent.Worker) int {
+	if xw, _ := t.workers.Load(w); xw != nil && xw.tips != nil {
+		return len(xw.tips.slots)
+	}
+	return 0
+}
+
 // Padded layouts: a writer stripe fills two cache lines and a root stripe
 // one, so that writers of different stripes share none.
 const (
