@@ -225,6 +225,15 @@ func Run(t *testing.T, newIndex func() radix.Index) {
 			wantSize: 4,
 		},
 		{
+			// Alias 50 ended the second store at block [1], then moved to
+			// block [2]; the worker still holds [1] by its own hash.
+			name:     "a store under an alias a store ended with, since moved to another block, goes under that block",
+			steps:    []step{ev(Stored(w1, -1, 10, 1), nil), ev(Stored(w1, -1, 50, 1), nil), ev(Stored(w1, -1, 50, 2, 60, 3), nil), ev(Stored(w1, 50, 51, 4), nil)},
+			query:    []uint64{2, 4},
+			want:     Scores{w1: 2},
+			wantSize: 4,
+		},
+		{
 			name:     "an engine hash stored at another block moves there",
 			steps:    []step{ev(Stored(w1, -1, 10, 1), nil), ev(Stored(w1, -1, 10, 2), nil)},
 			query:    []uint64{1},
