@@ -188,10 +188,8 @@ func (t *CompressedTree) tip(xw *xworker, h, loc uint64) {
 func (c *tipCache) put(fp, v uint64) { c.slots[fp&uint64(len(c.slots)-1)] = v }
 
 // tipOf returns the block a recent store of xw ended at, if xw names it by
-// h: what nameOf would return, read from the run. The check is held's: a
-// position xw holds by its own hash is below every length published
-// since, claims its own hash, and xw has no name of its own for that hash.
-// decoding says the store asking is of one block (see tipCache).
+// h: what nameOf would return, read from the run (namesOwnAt). decoding
+// says the store asking is of one block (see tipCache).
 func (t *CompressedTree) tipOf(xw *xworker, h uint64, decoding bool) (uint64, bool) {
 	c := xw.tips
 	if c == nil {
@@ -200,7 +198,7 @@ func (t *CompressedTree) tipOf(xw *xworker, h uint64, decoding bool) (uint64, bo
 	fp := t.chain.fingerprint(h)
 	if v := c.slots[fp&uint64(len(c.slots)-1)]; isEntry(v) && slotFP(v) == fp {
 		loc := decode(v)
-		if r, off := t.unpack(loc); r != nil && xw.holdsOwnAt(loc, r, off) && (*r.eng.Load())[off] == h {
+		if r, off := t.unpack(loc); r != nil && xw.namesOwnAt(loc, r, off, h) {
 			return loc, true
 		}
 	}
@@ -253,6 +251,14 @@ func (xw *xworker) holdsOwnAt(loc uint64, r *crun, off uint32) bool {
 	hs := r.holderArray()
 	i, found := holderOf(hs, xw)
 	return found && hs[i].has(off)
+}
+
+// namesOwnAt reports whether xw names the block at loc (position off of
+// r) by h, its own hash: then the block is the table's entry for h and xw
+// has no name of its own for h, so nameOf(xw, h) would return loc, own.
+// It reads r without its lock, as held explains.
+func (xw *xworker) namesOwnAt(loc uint64, r *crun, off uint32, h uint64) bool {
+	return xw.holdsOwnAt(loc, r, off) && (*r.eng.Load())[off] == h
 }
 
 // peekAhead is how many blocks ahead of its claims a store asks for the
@@ -351,7 +357,7 @@ func (t *CompressedTree) held(xw *xworker, parent uint64, blocks []kvevent.Store
 			r, off, ks = c, 0, c.view()
 		}
 		loc := pack(r, off)
-		if !xw.holdsOwnAt(loc, r, off) || (*r.eng.Load())[off] != b.BlockHash {
+		if !xw.namesOwnAt(loc, r, off, b.BlockHash) {
 			return i, parent
 		}
 		locs[i], parent = loc, loc
