@@ -70,22 +70,25 @@ func shapedWorkload(b testing.TB) ([]shapedReq, int) {
 // twice before each reading, so that nothing left in a sync.Pool's victim
 // cache counts.
 func buildShaped(b *testing.B, newIndex func() radix.Index, reqs []shapedReq) (radix.Index, float64) {
-	runtime.GC()
-	runtime.GC()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
+	before := liveHeap(b)
 	idx := newIndex()
 	for i := range reqs {
 		if err := idx.Apply(reqs[i].store); err != nil {
 			b.Fatal(err)
 		}
 	}
-	// A grown tree's warm ahead holds heap it drops when it ends.
+	return idx, float64(liveHeap(b)-before) / float64(idx.Size())
+}
+
+// liveHeap is the heap's live bytes, once a grown tree's warm ahead, which
+// holds heap it drops when it ends, has ended.
+func liveHeap(b *testing.B) int64 {
 	testwait.For(b, "the warm ahead to end", func() bool { return !pages.Warming() })
 	runtime.GC()
 	runtime.GC()
-	runtime.ReadMemStats(&after)
-	return idx, float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(idx.Size())
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
 }
 
 // shapedStride is a prime step through the requests: lookups sample the

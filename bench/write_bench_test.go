@@ -237,6 +237,33 @@ func BenchmarkDecode(b *testing.B) {
 	}
 }
 
+// BenchmarkDecodeMemory is the heap decoding takes: the whole trace
+// stored on 16 workers, then BenchmarkDecode's 64Ki one-block stores, for
+// seqs sequences a worker. B/decoded is the heap the stores added, a
+// stored block; B/pair the whole index's, a worker-block pair.
+func BenchmarkDecodeMemory(b *testing.B) {
+	reqs, _ := shapedWorkload(b)
+	for _, seqs := range []int{1, 32, 256} {
+		evs := decodeSteps(reqs, seqs, 1<<16)
+		b.Run(fmt.Sprintf("impl=compressed/seqs=%d", seqs), func(b *testing.B) {
+			for b.Loop() {
+				start := liveHeap(b)
+				idx := radix.NewCompressedTree()
+				for _, r := range reqs {
+					if err := idx.Apply(r.store); err != nil {
+						b.Fatal(err)
+					}
+				}
+				stored := liveHeap(b)
+				applyAll(b, idx, evs, 0)
+				end := liveHeap(b)
+				b.ReportMetric(float64(end-stored)/float64(len(evs)), "B/decoded")
+				b.ReportMetric(float64(end-start)/float64(idx.Size()), "B/pair")
+			}
+		})
+	}
+}
+
 // decodeSteps returns n one-block stores (new engine and tokens hashes),
 // each under the last block of its sequence: the last seqs requests of
 // each worker, then the blocks stored after them.

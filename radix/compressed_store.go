@@ -469,9 +469,9 @@ func (wk *walker) enter(r *crun, from uint32, first int, made bool) {
 // there, and one of them in the run would hold the run's lock (shared
 // with every path through it) for its whole store, and trim the run under
 // it as it is evicted (BenchmarkApplyParallel on 16 cores:
-// results/README.md, "Sixteen cores"). Nor is a long run extended past a
-// length it was trimmed to by blocks other than its array's (see
-// extends).
+// results/README.md, "Sixteen cores"). Nor is a long run extended where
+// that would copy it for blocks other than its array's past a length it
+// was trimmed to, or for a decode step's one block (see extends).
 func (wk *walker) step(i int, room int) {
 	key := wk.blocks[i].TokensHash
 	r, next := wk.r, wk.off+1
@@ -488,7 +488,7 @@ func (wk *walker) step(i int, room int) {
 	if !end || kids {
 		c = wk.t.child(r, wk.off, key)
 	}
-	if c == nil && end && !kids && next < wk.t.runLimit && wk.extends(wk.blocks[i]) {
+	if c == nil && end && !kids && next < wk.t.runLimit && wk.extends(wk.blocks[i], room) {
 		// The run's end, and no child run hangs there: extend the run.
 		wk.push(wk.blocks[i], room)
 		wk.off = next
@@ -549,6 +549,7 @@ func (wk *walker) push(b kvevent.StoredBlock, room int) {
 		r.keys.Store(&a[0])
 		r.eng.Store(&a[1])
 		wk.ks, wk.eng, r.hw = a[0], a[1], n
+		r.exact = room > int(n)
 	}
 	wk.ks[n], wk.eng[n] = b.TokensHash, b.BlockHash
 	wk.n++
@@ -570,21 +571,42 @@ func (wk *walker) revives(b kvevent.StoredBlock) bool {
 	return n < wk.r.hw && wk.ks[n] == b.TokensHash && wk.eng[n] == b.BlockHash
 }
 
-// extends reports whether block b may go on in the run, at its end: not
-// where push would copy the whole run for it (the run was trimmed from
-// past its end, and b is not the block its array holds there), if the run
-// is longer than copyLimit. A document asked one question after another,
-// each evicted before the next, would have its run copied for every
-// question; b goes on in a child run instead, at a cost that does not grow
-// with the run (BenchmarkApplyParallel, tail=alternate).
-func (wk *walker) extends(b kvevent.StoredBlock) bool {
-	return wk.n >= wk.r.hw || wk.n <= wk.t.copyLimit || wk.revives(b)
+// extends reports whether block b, the first of the room blocks the
+// event stores from here on, may go on in the run, at its end. Not where
+// push would copy a run longer than copyLimit for it, in two cases; b
+// goes on in a child run instead, at a cost that does not grow with the
+// run:
+//   - the run was trimmed from past its end, and b is not the block its
+//     array holds there. A document asked one question after another,
+//     each evicted before the next, would have its run copied for every
+//     question (BenchmarkApplyParallel, tail=alternate).
+//   - b is an event's only block left (a decode step's), and the run's
+//     array is full, as long as the event that sized it asked (exact: a
+//     prompt stored at once). Doubling it would copy the whole prompt for
+//     the first block its sequence decodes, and leave half of it empty
+//     for as long as the prompt is held: a decoding engine's prompts
+//     would take nearly twice their memory (BenchmarkDecode: 348 bytes a
+//     decoded block against 37 at 256 sequences a worker). A child run's
+//     array starts at one block and doubles as its sequence decodes.
+//
+// Blocks stored together (a conversation's next turn) extend a full run
+// all the same: its array doubles, so that each block is copied about
+// once however the run grows.
+func (wk *walker) extends(b kvevent.StoredBlock, room int) bool {
+	if wk.n <= wk.t.copyLimit || wk.revives(b) {
+		return true
+	}
+	if wk.n < wk.r.hw {
+		return false // trimmed past its end
+	}
+	return room > 1 || !wk.r.exact || int(wk.n) < len(wk.ks)
 }
 
-// copyLimitLen is the longest run push copies for a block stored past the
-// length the run was trimmed to: about where the copy costs what a child
-// run made and deleted does (a child run instead of a copy of 64 blocks
-// was 4% faster, of 256 23%: results/applyparallel-revive.txt).
+// copyLimitLen is the longest run push copies for a block that extends
+// would put in a child run if the run were longer: about where the copy
+// costs what a child run made and deleted does (a child run instead of a
+// copy of 64 blocks was 4% faster, of 256 23%:
+// results/applyparallel-revive.txt).
 const copyLimitLen = 32
 
 // claim makes the blocks the walk created in its run (locked) claim their

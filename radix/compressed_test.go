@@ -744,6 +744,71 @@ func TestCompressedTrimmedRunForks(t *testing.T) {
 	}
 }
 
+// TestCompressedDecodeForks: a decode step's one block past a long run
+// whose array is full, as long as the event that made it asked (a prompt
+// stored at once), goes on in a child run whose array doubles as its
+// sequence decodes, not in the prompt's run doubled. A short run, a run
+// with room left, one already doubled, and blocks stored together (a
+// conversation's next turn) extend the run as before.
+func TestCompressedDecodeForks(t *testing.T) {
+	w := kvevent.Worker{ID: 1}
+	decode := slices.Repeat([]int{1}, 20) // 20 decode steps
+	for _, tc := range []struct {
+		name    string
+		prompt  []int // the events that store the prompt, their blocks
+		then    []int // the events stored after it, their blocks
+		forks   bool  // those go on in a child run
+		copied  bool  // the prompt's array is replaced (doubled)
+		roomFor int   // the room the last block's run has
+	}{
+		{"long prompt stored at once", []int{200}, decode, true, false, 32},
+		{"short prompt", []int{20}, decode, false, true, 40},
+		{"room left", []int{100, 50}, decode, false, false, 200},
+		{"doubled already", []int{100, 100}, decode, false, true, 400},
+		{"a turn, not a decode step", []int{200}, []int{50}, false, true, 400},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := radix.NewCompressedTree()
+			var path []uint64
+			parent := int64(-1)
+			store := func(n int) {
+				t.Helper()
+				var args []uint64
+				for range n {
+					k := uint64(len(path) + 1)
+					path, args = append(path, k), append(args, k<<32, k) // engine hash, tokens hash
+				}
+				if err := c.Apply(radixtest.Stored(w, parent, args...)); err != nil {
+					t.Fatal(err)
+				}
+				parent = int64(args[len(args)-2])
+			}
+			for _, n := range tc.prompt {
+				store(n)
+			}
+			prompt := radix.RunArray(c, path[:1]...)
+			for _, n := range tc.then {
+				store(n)
+			}
+			if copied := radix.RunArray(c, path[:1]...) != prompt; copied != tc.copied {
+				t.Errorf("prompt's array replaced: %v, want %v", copied, tc.copied)
+			}
+			if forks := radix.RunArray(c, path...) != radix.RunArray(c, path[:1]...); forks != tc.forks {
+				t.Errorf("in a child run: %v, want %v", forks, tc.forks)
+			}
+			if got := radix.RunRoom(c, path...); got != tc.roomFor {
+				t.Errorf("the last block's run has room for %d blocks, want %d", got, tc.roomFor)
+			}
+			if got, want := c.FindMatches(path, false).Scores, (radixtest.Scores{w: uint32(len(path))}); !maps.Equal(got, want) {
+				t.Fatalf("scores %v, want %v", got, want)
+			}
+			if _, err := radix.CompressedInvariants(c); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
 // TestCompressedRunIDsBounded: run ids made by the writers of one stripe
 // and freed by another's go back to the table, so that the ids handed out
 // stay within the live runs and the stripes' spares, however many runs
