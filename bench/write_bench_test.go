@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -228,7 +229,7 @@ func overTrace(b *testing.B, reqs []shapedReq, evs []kvevent.RouterEvent, blocks
 func BenchmarkDecode(b *testing.B) {
 	reqs, _ := shapedWorkload(b)
 	for _, seqs := range []int{1, 32, 256} {
-		evs := decodeSteps(reqs, seqs, 1<<16)
+		evs, _ := decodeSteps(reqs, seqs, 1<<16)
 		for _, lane := range []int{0, 64} {
 			b.Run(fmt.Sprintf("impl=compressed/seqs=%d/lane=%d", seqs, lane), func(b *testing.B) {
 				overTrace(b, reqs, evs, len(evs), lane)
@@ -244,7 +245,7 @@ func BenchmarkDecode(b *testing.B) {
 func BenchmarkDecodeMemory(b *testing.B) {
 	reqs, _ := shapedWorkload(b)
 	for _, seqs := range []int{1, 32, 256} {
-		evs := decodeSteps(reqs, seqs, 1<<16)
+		evs, _ := decodeSteps(reqs, seqs, 1<<16)
 		b.Run(fmt.Sprintf("impl=compressed/seqs=%d", seqs), func(b *testing.B) {
 			for b.Loop() {
 				start := liveHeap(b)
@@ -264,29 +265,73 @@ func BenchmarkDecodeMemory(b *testing.B) {
 	}
 }
 
+// BenchmarkDecodeLookup is a lookup (AppendMatches) of a decoding
+// sequence's whole path, its request's blocks and the 16 it decoded, after
+// the whole trace and those one-block stores, each sequence in turn; ns/op
+// is a lookup's.
+func BenchmarkDecodeLookup(b *testing.B) {
+	reqs, _ := shapedWorkload(b)
+	for _, seqs := range []int{32, 256} {
+		evs, paths := decodeSteps(reqs, seqs, shapedWorkers*seqs*16)
+		b.Run(fmt.Sprintf("impl=compressed/seqs=%d", seqs), func(b *testing.B) {
+			idx := radix.NewCompressedTree()
+			for _, r := range reqs {
+				if err := idx.Apply(r.store); err != nil {
+					b.Fatal(err)
+				}
+			}
+			applyAll(b, idx, evs, 0)
+			var dst []radix.Match
+			for _, p := range paths {
+				dst = idx.AppendMatches(dst[:0], p, false)
+				if !slices.ContainsFunc(dst, func(m radix.Match) bool { return int(m.Score) == len(p) }) {
+					b.Fatalf("no worker holds a decoded path of %d blocks whole", len(p))
+				}
+			}
+			i := 0
+			for b.Loop() {
+				dst = idx.AppendMatches(dst[:0], paths[i], false)
+				i = (i + 1) % len(paths)
+			}
+		})
+	}
+}
+
 // decodeSteps returns n one-block stores (new engine and tokens hashes),
 // each under the last block of its sequence: the last seqs requests of
-// each worker, then the blocks stored after them.
-func decodeSteps(reqs []shapedReq, seqs, n int) []kvevent.RouterEvent {
-	tips := map[kvevent.WorkerID][]uint64{}
+// each worker, then the blocks stored after them, each worker's sequences
+// in turn. paths are the sequences' tokens hashes: the request's, then
+// those of the blocks decoded.
+func decodeSteps(reqs []shapedReq, seqs, n int) (evs []kvevent.RouterEvent, paths [][]uint64) {
+	type sequence struct {
+		w    kvevent.Worker
+		tip  uint64
+		path []uint64
+	}
+	var all []*sequence
+	count := map[kvevent.WorkerID]int{}
 	for i := len(reqs) - 1; i >= 0; i-- {
 		w := reqs[i].store.WorkerID
-		if bs := reqs[i].store.Event.Data.(kvevent.Stored).Blocks; len(tips[w]) < seqs && len(bs) > 0 {
-			tips[w] = append(tips[w], bs[len(bs)-1].BlockHash)
+		if bs := reqs[i].store.Event.Data.(kvevent.Stored).Blocks; count[w] < seqs && len(bs) > 0 {
+			count[w]++
+			all = append(all, &sequence{kvevent.Worker{ID: w}, bs[len(bs)-1].BlockHash, slices.Clone(reqs[i].local)})
 		}
 	}
-	evs := make([]kvevent.RouterEvent, 0, n)
+	slices.SortStableFunc(all, func(a, b *sequence) int { return cmp.Compare(a.w.ID, b.w.ID) })
+	evs = make([]kvevent.RouterEvent, 0, n)
 	next := uint64(1) << 62 // above the trace's engine hashes
 	for len(evs) < n {
-		for w := range kvevent.WorkerID(shapedWorkers) {
-			for s, tip := range tips[w] {
-				next++
-				evs = append(evs, chain(kvevent.Worker{ID: w}, tip, true, next, 1, func(int) uint64 { return tokensHash(int(next)) }))
-				tips[w][s] = next
-			}
+		for _, s := range all[:min(len(all), n-len(evs))] {
+			next++
+			tok := tokensHash(int(next))
+			evs = append(evs, chain(s.w, s.tip, true, next, 1, func(int) uint64 { return tok }))
+			s.tip, s.path = next, append(s.path, tok)
 		}
 	}
-	return evs[:n]
+	for _, s := range all {
+		paths = append(paths, s.path)
+	}
+	return evs, paths
 }
 
 // tailFirst removes every block the trace's stores leave held, a hash an

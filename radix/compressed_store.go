@@ -585,8 +585,8 @@ func (wk *walker) revives(b kvevent.StoredBlock) bool {
 //     prompt stored at once). Doubling it would copy the whole prompt for
 //     the first block its sequence decodes, and leave half of it empty
 //     for as long as the prompt is held: a decoding engine's prompts
-//     would take nearly twice their memory (BenchmarkDecode: 348 bytes a
-//     decoded block against 37 at 256 sequences a worker). A child run's
+//     would take nearly twice their memory (BenchmarkDecodeMemory: 349 bytes
+//     a decoded block against 37 at 256 sequences a worker). A child run's
 //     array starts at one block and doubles as its sequence decodes.
 //
 // Blocks stored together (a conversation's next turn) extend a full run
