@@ -309,7 +309,7 @@ type crun struct {
 	id      uint32
 	hw      uint32 // the longest length published for the current array
 	dead    bool   // deleted: unreachable, and never to be written again
-	exact   bool   // its array is as long as an event asked, not doubled (walker.extends)
+	lone    bool   // its array last grew for a lone block, a decode step's (walker.extends)
 
 	// Where child runs hang: a store makes a child of a position its
 	// worker holds without the run's lock (walker.branch), and a child is

@@ -549,7 +549,7 @@ func (wk *walker) push(b kvevent.StoredBlock, room int) {
 		r.keys.Store(&a[0])
 		r.eng.Store(&a[1])
 		wk.ks, wk.eng, r.hw = a[0], a[1], n
-		r.exact = room > int(n)
+		r.lone = room == 1
 	}
 	wk.ks[n], wk.eng[n] = b.TokensHash, b.BlockHash
 	wk.n++
@@ -581,13 +581,15 @@ func (wk *walker) revives(b kvevent.StoredBlock) bool {
 //     each evicted before the next, would have its run copied for every
 //     question (BenchmarkApplyParallel, tail=alternate).
 //   - b is an event's only block left (a decode step's), and the run's
-//     array is full, as long as the event that sized it asked (exact: a
-//     prompt stored at once). Doubling it would copy the whole prompt for
-//     the first block its sequence decodes, and leave half of it empty
-//     for as long as the prompt is held: a decoding engine's prompts
-//     would take nearly twice their memory (BenchmarkDecodeMemory: 349 bytes
-//     a decoded block against 37 at 256 sequences a worker). A child run's
-//     array starts at one block and doubles as its sequence decodes.
+//     array is full and last grew for blocks stored together (a prompt,
+//     stored at once or in chunks, sizes it for its blocks). Doubling it
+//     would copy the whole prompt for the first block its sequence
+//     decodes, and leave up to half of it empty for as long as the prompt
+//     is held: a decoding engine's prompts would take nearly twice their
+//     memory (BenchmarkDecodeMemory: 349 bytes a decoded block against 37
+//     at 256 sequences a worker). The child run's array starts at one
+//     block and doubles as its sequence decodes (lone): a long decode
+//     stays in one run.
 //
 // Blocks stored together (a conversation's next turn) extend a full run
 // all the same: its array doubles, so that each block is copied about
@@ -599,7 +601,7 @@ func (wk *walker) extends(b kvevent.StoredBlock, room int) bool {
 	if wk.n < wk.r.hw {
 		return false // trimmed past its end
 	}
-	return room > 1 || !wk.r.exact || int(wk.n) < len(wk.ks)
+	return room > 1 || wk.r.lone || int(wk.n) < len(wk.ks)
 }
 
 // copyLimitLen is the longest run push copies for a block that extends

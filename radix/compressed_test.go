@@ -745,14 +745,15 @@ func TestCompressedTrimmedRunForks(t *testing.T) {
 }
 
 // TestCompressedDecodeForks: a decode step's one block past a long run
-// whose array is full, as long as the event that made it asked (a prompt
-// stored at once), goes on in a child run whose array doubles as its
-// sequence decodes, not in the prompt's run doubled. A short run, a run
-// with room left, one already doubled, and blocks stored together (a
-// conversation's next turn) extend the run as before.
+// whose array is full and last grew for blocks stored together (a prompt,
+// stored at once or in chunks) goes on in a child run whose array doubles
+// as its sequence decodes, not in the prompt's run doubled. A short run,
+// a run with room left, and blocks stored together (a conversation's
+// next turn) extend the run as before, and a long decode stays in its
+// child run.
 func TestCompressedDecodeForks(t *testing.T) {
 	w := kvevent.Worker{ID: 1}
-	decode := slices.Repeat([]int{1}, 20) // 20 decode steps
+	decode := func(n int) []int { return slices.Repeat([]int{1}, n) } // n decode steps
 	for _, tc := range []struct {
 		name    string
 		prompt  []int // the events that store the prompt, their blocks
@@ -761,10 +762,11 @@ func TestCompressedDecodeForks(t *testing.T) {
 		copied  bool  // the prompt's array is replaced (doubled)
 		roomFor int   // the room the last block's run has
 	}{
-		{"long prompt stored at once", []int{200}, decode, true, false, 32},
-		{"short prompt", []int{20}, decode, false, true, 40},
-		{"room left", []int{100, 50}, decode, false, false, 200},
-		{"doubled already", []int{100, 100}, decode, false, true, 400},
+		{"long prompt stored at once", []int{200}, decode(20), true, false, 32},
+		{"long prompt in chunks", []int{100, 100}, decode(20), true, false, 32},
+		{"long decode", []int{200}, decode(100), true, false, 128},
+		{"short prompt", []int{20}, decode(20), false, true, 40},
+		{"room left", []int{100, 50}, decode(20), false, false, 200},
 		{"a turn, not a decode step", []int{200}, []int{50}, false, true, 400},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -786,15 +788,19 @@ func TestCompressedDecodeForks(t *testing.T) {
 			for _, n := range tc.prompt {
 				store(n)
 			}
-			prompt := radix.RunArray(c, path[:1]...)
+			prompt, n := radix.RunArray(c, path[:1]...), len(path)
 			for _, n := range tc.then {
 				store(n)
 			}
 			if copied := radix.RunArray(c, path[:1]...) != prompt; copied != tc.copied {
 				t.Errorf("prompt's array replaced: %v, want %v", copied, tc.copied)
 			}
-			if forks := radix.RunArray(c, path...) != radix.RunArray(c, path[:1]...); forks != tc.forks {
+			last := radix.RunArray(c, path...)
+			if forks := last != radix.RunArray(c, path[:1]...); forks != tc.forks {
 				t.Errorf("in a child run: %v, want %v", forks, tc.forks)
+			}
+			if radix.RunArray(c, path[:n+1]...) != last {
+				t.Error("the blocks stored after the prompt are in more than one run")
 			}
 			if got := radix.RunRoom(c, path...); got != tc.roomFor {
 				t.Errorf("the last block's run has room for %d blocks, want %d", got, tc.roomFor)
