@@ -66,9 +66,7 @@ func shapedWorkload(b testing.TB) ([]shapedReq, int) {
 }
 
 // buildShaped stores every request of the workload and returns the index
-// with the bytes of heap it took per (worker, block) pair. Collections run
-// twice before each reading, so that nothing left in a sync.Pool's victim
-// cache counts.
+// with the bytes of heap it took per (worker, block) pair.
 func buildShaped(b *testing.B, newIndex func() radix.Index, reqs []shapedReq) (radix.Index, float64) {
 	before := liveHeap(b)
 	idx := newIndex()
@@ -81,7 +79,9 @@ func buildShaped(b *testing.B, newIndex func() radix.Index, reqs []shapedReq) (r
 }
 
 // liveHeap is the heap's live bytes, once a grown tree's warm ahead, which
-// holds heap it drops when it ends, has ended.
+// holds heap it drops when it ends, has ended. The collector runs twice
+// before the reading, so that nothing left in a sync.Pool's victim cache
+// counts.
 func liveHeap(b *testing.B) int64 {
 	testwait.For(b, "the warm ahead to end", func() bool { return !pages.Warming() })
 	runtime.GC()
