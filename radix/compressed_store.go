@@ -589,7 +589,8 @@ func (wk *walker) revives(b kvevent.StoredBlock) bool {
 //     memory (BenchmarkDecodeMemory: 349 bytes a decoded block against 37
 //     at 256 sequences a worker). The child run's array starts at one
 //     block and doubles as its sequence decodes (lone): a long decode
-//     stays in one run.
+//     stays in one run. A lookup of the decoded path crosses that one
+//     run more (+0.2-0.5 µs here: results/decode-forks.txt).
 //
 // Blocks stored together (a conversation's next turn) extend a full run
 // all the same: its array doubles, so that each block is copied about
