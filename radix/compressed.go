@@ -365,6 +365,35 @@ type xworker struct {
 // own: the block's own hash does not name it for the worker.
 const noOwn = 1 << 31
 
+// xname returns xw's name of its own for engine hash h, if any. A worker
+// has none but where an engine's hashes disagree with the blocks' own
+// (nil maps), and a map access is a call even on a nil map: on the
+// field's corpus, two a stored block and two a removed one, for maps
+// that were always nil (results/nil-maps.txt).
+func (xw *xworker) xname(h uint64) (uint64, bool) {
+	if xw.xnames == nil {
+		return 0, false
+	}
+	loc, ok := xw.xnames[h]
+	return loc, ok
+}
+
+// count returns how many of xw's names of its own name the block at loc,
+// with noOwn (see xcount).
+func (xw *xworker) count(loc uint64) uint32 {
+	if xw.xcount == nil {
+		return 0
+	}
+	return xw.xcount[loc]
+}
+
+// uncount forgets the block at loc's count (see count).
+func (xw *xworker) uncount(loc uint64) {
+	if xw.xcount != nil {
+		delete(xw.xcount, loc)
+	}
+}
+
 // A location packs a run id (high half, >= 1) and an offset; 0 is the root.
 func pack(r *crun, off uint32) uint64 { return uint64(r.id)<<32 | uint64(off) }
 

@@ -172,7 +172,7 @@ func (l *leaver) follows(h uint64) (uint64, bool) {
 	if !hasBit(r.claimed, p) || (*r.eng.Load())[p] != h {
 		return 0, false // the table has another block for h, or none
 	}
-	if _, aliased := l.xw.xnames[h]; aliased {
+	if _, aliased := l.xw.xname(h); aliased {
 		return 0, false // the worker's name of its own for another block
 	}
 	loc := pack(r, p)
@@ -184,7 +184,7 @@ func (l *leaver) follows(h uint64) (uint64, bool) {
 // leaves the block with its last name.
 func (l *leaver) unname(loc uint64, own bool) {
 	xw := l.xw
-	c := xw.xcount[loc]
+	c := xw.count(loc)
 	if !own {
 		c--
 	}
@@ -196,9 +196,9 @@ func (l *leaver) unname(loc uint64, own bool) {
 		xw.xcount[loc] = c
 		return
 	case c != 0 || own:
-		delete(xw.xcount, loc) // and no name left
+		xw.uncount(loc) // and no name left
 	default:
-		delete(xw.xcount, loc) // still named by the block's own hash
+		xw.uncount(loc) // still named by the block's own hash
 		return
 	}
 	r, off := l.t.unpack(loc)

@@ -226,7 +226,7 @@ func (c *tipCache) miss() {
 // nameOf returns the block xw names by engine hash h, and whether h is
 // that block's own hash.
 func (t *CompressedTree) nameOf(xw *xworker, h uint64) (loc uint64, own, ok bool) {
-	if loc, ok := xw.xnames[h]; ok {
+	if loc, ok := xw.xname(h); ok {
 		return loc, false, true
 	}
 	if loc, ok := t.chain.find(h); ok && t.holdsOwn(xw, loc) {
@@ -245,7 +245,7 @@ func (t *CompressedTree) holdsOwn(xw *xworker, loc uint64) bool {
 
 // holdsOwnAt is holdsOwn of loc, the location of position off of r.
 func (xw *xworker) holdsOwnAt(loc uint64, r *crun, off uint32) bool {
-	if xw.xcount[loc]&noOwn != 0 {
+	if xw.count(loc)&noOwn != 0 {
 		return false
 	}
 	hs := r.holderArray()
@@ -677,11 +677,11 @@ func (wk *walker) name(i int, r *crun, p uint32, own bool) {
 		// The block's own hash: the worker names no other block by it,
 		// unless by a name of its own.
 		wk.s.keepOwn(loc)
-		if q, ok := xw.xnames[h]; ok {
+		if q, ok := xw.xname(h); ok {
 			delete(xw.xnames, h)
 			wk.s.old = append(wk.s.old, oldName{q, false})
 		}
-		if c := xw.xcount[loc]; !fresh && c&noOwn != 0 {
+		if c := xw.count(loc); !fresh && c&noOwn != 0 {
 			xw.xcount[loc] = c &^ noOwn // held by names of its own until now
 		}
 		return
