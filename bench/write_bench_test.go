@@ -300,8 +300,8 @@ func BenchmarkDecodeLookup(b *testing.B) {
 // decodeSteps returns n one-block stores (new engine and tokens hashes),
 // each under the last block of its sequence: the last seqs requests of
 // each worker, then the blocks stored after them, each worker's sequences
-// in turn. paths are the sequences' tokens hashes: the request's, then
-// those of the blocks decoded.
+// in turn; none if no request stores a block. paths are the sequences'
+// tokens hashes: the request's, then those of the blocks decoded.
 func decodeSteps(reqs []shapedReq, seqs, n int) (evs []kvevent.RouterEvent, paths [][]uint64) {
 	type sequence struct {
 		w    kvevent.Worker
@@ -320,7 +320,7 @@ func decodeSteps(reqs []shapedReq, seqs, n int) (evs []kvevent.RouterEvent, path
 	slices.SortStableFunc(all, func(a, b *sequence) int { return cmp.Compare(a.w.ID, b.w.ID) })
 	evs = make([]kvevent.RouterEvent, 0, n)
 	next := uint64(1) << 62 // above the trace's engine hashes
-	for len(evs) < n {
+	for len(evs) < n && len(all) > 0 {
 		for _, s := range all[:min(len(all), n-len(evs))] {
 			next++
 			tok := tokensHash(int(next))
