@@ -717,34 +717,17 @@ func (c *chainTable) claim(h, loc uint64) bool {
 	for wrote := false; ; {
 		s := c.segment(fp)
 		home := s.home(fp, spare)
-		got, empty, passed, tomb, found, kin := c.probeFor(s, h, fp, spare)
-		if tomb < 0 {
-			tomb = s.reusable(home, passed)
-		}
-		if c.hook != nil {
-			c.hook(loc, claimProbed)
-		}
-		step := claimAwait
-		switch {
-		case found:
-			if !s.frozen.Load() {
-				if wrote {
-					return c.again(s, h, fp, spare, v, got == loc)
-				}
-				return got == loc
+		var step claimStep
+		if i, n, ok := s.lineFree(fp, home); ok {
+			if c.hook != nil {
+				c.hook(loc, claimProbed)
 			}
-		case empty < 0: // full: only at the deepest directory (see the type)
-			if !c.grow(s) {
-				return false
+			step = claimRetry // another claim took the slot: probe again
+			if atomic.CompareAndSwapUint64(&s.slots[i], 0, v) {
+				step = c.tookEmpty(s, h, fp, spare, v, i, n, false)
 			}
-		case passed >= maxTombs && s.tombstoned(home, passed) && c.purge(s):
-			// s is being rebuilt without its tombstones: claim there.
-		case tomb >= 0:
-			step = c.claimTomb(s, h, fp, spare, v, tomb)
-		case atomic.CompareAndSwapUint64(&s.slots[empty], 0, v):
-			step = c.tookEmpty(s, h, fp, spare, v, empty, passed, kin)
-		default:
-			continue // another claim took the slot: probe again
+		} else {
+			step = c.claimProbe(s, h, fp, spare, v, loc, home, wrote)
 		}
 		switch step {
 		case claimWon:
@@ -758,6 +741,73 @@ func (c *chainTable) claim(h, loc uint64) bool {
 		}
 		c.await(s, fp)
 	}
+}
+
+// lineFree returns, where h's home line settles a claim of h in s, the
+// slot it takes and the slots its probe passes to it: the line's first
+// empty slot in probe order, if no slot before it is akin to fingerprint
+// fp (see akin). Then h has no entry in s (an entry is never past an
+// empty slot of its probe), no tombstone of h's tag lies on the way, and
+// the probe is too short to take another tombstone (see reuseProbe) or to
+// purge: probeFor, reusable and the rest of a claim's checks would find
+// the same slot. It is their common case, without their general loop: a
+// fresh store's claims and nearly all of the field's corpus's. In a table
+// of random hashes, with nothing else around them, claims took 10% less
+// time (results/claim-line.txt).
+func (s *chainSeg) lineFree(fp uint64, home int) (slot, passed int, ok bool) {
+	base, off := home&^(lineSlots-1), home&(lineSlots-1)
+	line := s.slots[base : base+lineSlots : base+lineSlots]
+	for n := range lineSlots {
+		j := (off + n) & (lineSlots - 1) // the probe's order: see next
+		v := atomic.LoadUint64(&line[j])
+		if v == 0 {
+			return base | j, n, true
+		}
+		if akin(slotFP(v), fp) {
+			return 0, 0, false
+		}
+	}
+	return 0, 0, false
+}
+
+// claimProbe is a step of a claim of h, as entry v, in s, where lineFree
+// does not settle it: it probes s for h, and takes a tombstone or an empty
+// slot for v. wrote: an earlier step's entry may have been copied into s
+// by a split (see again).
+func (c *chainTable) claimProbe(s *chainSeg, h, fp, spare, v, loc uint64, home int, wrote bool) claimStep {
+	got, empty, passed, tomb, found, kin := c.probeFor(s, h, fp, spare)
+	if tomb < 0 {
+		tomb = s.reusable(home, passed)
+	}
+	if c.hook != nil {
+		c.hook(loc, claimProbed)
+	}
+	switch {
+	case found:
+		if s.frozen.Load() {
+			return claimAwait
+		}
+		mine := got == loc
+		if wrote {
+			mine = c.again(s, h, fp, spare, v, mine)
+		}
+		if mine {
+			return claimWon
+		}
+		return claimLost
+	case empty < 0: // full: only at the deepest directory (see the type)
+		if !c.grow(s) {
+			return claimLost
+		}
+		return claimAwait
+	case passed >= maxTombs && s.tombstoned(home, passed) && c.purge(s):
+		return claimAwait // s is being rebuilt without its tombstones: claim there
+	case tomb >= 0:
+		return c.claimTomb(s, h, fp, spare, v, tomb)
+	case atomic.CompareAndSwapUint64(&s.slots[empty], 0, v):
+		return c.tookEmpty(s, h, fp, spare, v, empty, passed, kin)
+	}
+	return claimRetry // another claim took the slot: probe again
 }
 
 // A claim whose probe passes reuseProbe slots before its first empty one
