@@ -707,7 +707,9 @@ const maxTombs = 128
 // taking an empty slot looks back for claims pending before its slot
 // (see rivalled). A split copies entries only: a claim checks for it
 // after its slot becomes an entry, as before, and claims again in the
-// segment after, where its entry may have been copied (see again).
+// segment after, where its entry may have been copied (see again). Most
+// claims are settled in their home's line, their first step, without the
+// rest of these checks (see lineFree).
 func (c *chainTable) claim(h, loc uint64) bool {
 	fp, spare := c.hashBits(h)
 	v, ok := c.encode(fp, loc)

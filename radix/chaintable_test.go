@@ -1171,27 +1171,38 @@ func checkOnlyClaim(t *testing.T, c *testChain, h, want uint64) {
 // A claim settled in its home line (lineFree), held after its probe while
 // its segment is reshaped: its swap lands in the frozen segment, after the
 // reshape's copy, so it must see the freeze and claim again in the
-// replacement. It wins, and its entry is found there.
+// replacement. It wins, and its entry is found there. In a grown segment
+// and in a reserved one (homes from the hashes' spare bits).
 func TestChainTableClaimInFrozenLine(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 6))
-	c := newTestChain(1, 64, func(int, int) uint64 { return rng.Uint64() })
-	off := slices.IndexFunc(c.keys[1], func(h uint64) bool { return !c.counted(c.fingerprint(h)) })
-	h, at := c.keys[1][off], loc(1, off) // not counted: its claim skips tookEmpty
-	reached, release := holdClaim(c, at, claimProbed)
-	won := make(chan bool)
-	go func() { won <- c.claim(h, at) }()
-	within(t, reached, "the held claim")
-	fp, _ := c.hashBits(h)
-	s := c.segment(fp)
-	if !c.grow(s) {
-		t.Fatal("the claim's segment was not reshaped")
-	}
-	close(release)
-	if !within(t, won, "the held claim") {
-		t.Fatal("the claim lost, with no other entry of h")
-	}
-	if got, ok := c.find(h); !ok || got != at {
-		t.Fatalf("h found at %#x %v, want %#x: the claim's entry was left in the frozen segment", got, ok, at)
+	for _, table := range []string{"grown", "reserved"} {
+		t.Run(table, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(5, 6))
+			c := newTestChain(1, 64, func(int, int) uint64 { return rng.Uint64() })
+			if table == "reserved" && !c.reserve(1) {
+				t.Fatal("the table took no reservation")
+			}
+			off := slices.IndexFunc(c.keys[1], func(h uint64) bool { return !c.counted(c.fingerprint(h)) })
+			h, at := c.keys[1][off], loc(1, off) // not counted: its claim skips tookEmpty
+			fp, _ := c.hashBits(h)
+			s := c.segment(fp)
+			if s.spare != (table == "reserved") {
+				t.Fatalf("the claim's segment takes spare homes: %v", s.spare)
+			}
+			reached, release := holdClaim(c, at, claimProbed)
+			won := make(chan bool)
+			go func() { won <- c.claim(h, at) }()
+			within(t, reached, "the held claim")
+			if !c.grow(s) {
+				t.Fatal("the claim's segment was not reshaped")
+			}
+			close(release)
+			if !within(t, won, "the held claim") {
+				t.Fatal("the claim lost, with no other entry of h")
+			}
+			if got, ok := c.find(h); !ok || got != at {
+				t.Fatalf("h found at %#x %v, want %#x: the claim's entry was left in the frozen segment", got, ok, at)
+			}
+		})
 	}
 }
 
