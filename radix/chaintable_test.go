@@ -1182,6 +1182,9 @@ func TestChainTableClaimInFrozenLine(t *testing.T) {
 				t.Fatal("the table took no reservation")
 			}
 			off := slices.IndexFunc(c.keys[1], func(h uint64) bool { return !c.counted(c.fingerprint(h)) })
+			if off < 0 {
+				t.Fatal("every key's entry is counted")
+			}
 			h, at := c.keys[1][off], loc(1, off) // not counted: its claim skips tookEmpty
 			fp, _ := c.hashBits(h)
 			s := c.segment(fp)

@@ -96,7 +96,7 @@ func (t *CompressedTree) eachName(xw *xworker, fn func(h, loc uint64)) {
 		for w, word := range hs[i].bits {
 			for ; word != 0; word &= word - 1 {
 				off := uint32(64*w + bits.TrailingZeros64(word))
-				if loc := pack(r, off); xw.xcount[loc]&noOwn == 0 {
+				if loc := pack(r, off); xw.count(loc)&noOwn == 0 {
 					fn(eng[off], loc)
 				}
 			}
