@@ -25,7 +25,12 @@ func (t *CompressedTree) remove(w kvevent.Worker, hashes []uint64) error {
 		l.resume(st.left, hashes[0])
 	}
 	peeked := 1 // hashes[:peeked] were prefetched, or are not to be
-	for i, h := range hashes {
+	for i := 0; i < len(hashes); i++ {
+		if k := l.followRun(hashes[i:]); k > 0 {
+			i += k - 1
+			continue
+		}
+		h := hashes[i]
 		loc, ok := l.follows(h)
 		own := true
 		if !ok {
@@ -179,6 +184,44 @@ func (l *leaver) follows(h uint64) (uint64, bool) {
 	return loc, l.xw.holdsOwnAt(loc, r, p)
 }
 
+// followRun leaves, for a worker with no names of its own, the blocks
+// before the one it left last in the run in hand that hs name in turn by
+// their own hashes, as follows and unname would one hash at a time: it
+// checks each block as follows does, then leaves them together, their
+// holder entry found once and updated once. Tail-first eviction, nearly
+// every hash of an engine's removal, is then a compare a block. It
+// returns how many it left (0 where follows must decide, or where the
+// first hash does not follow).
+func (l *leaver) followRun(hs []uint64) int {
+	r, xw := l.r, l.xw
+	if r == nil || l.last == 0 || len(xw.xnames) > 0 || len(xw.xcount) > 0 {
+		return 0
+	}
+	holders := r.holderArray()
+	i, found := holderOf(holders, xw)
+	if !found {
+		return 0
+	}
+	// A block the worker holds is the table's entry for its own hash
+	// (follows checks it), as every block is that a worker with no names
+	// of its own holds: it names it by its own hash, so the block claimed
+	// it (walker.name).
+	h, eng := &holders[i], *r.eng.Load()
+	k := 0
+	for p := l.last; k < len(hs) && p > 0; k++ {
+		p--
+		if eng[p] != hs[k] || !h.has(p) {
+			break
+		}
+	}
+	if k > 0 {
+		from := l.last - uint32(k)
+		r.leaveAt(xw, holders, i, from, l.last)
+		l.last, l.left = from, l.left+k
+	}
+	return k
+}
+
 // unname drops one name of the worker for the block at loc: its own hash
 // (own), or one of its xnames (the caller deletes the entry). The worker
 // leaves the block with its last name.
@@ -224,23 +267,38 @@ func (l *leaver) release() {
 func (r *crun) leave(xw *xworker, off uint32) {
 	hs := r.holderArray()
 	i, _ := holderOf(hs, xw)
+	r.leaveAt(xw, hs, i, off, off+1)
+}
+
+// leaveAt makes xw, the holder at i of hs (r's, locked), stop holding
+// positions from..to-1 of r, every one of which it holds.
+func (r *crun) leaveAt(xw *xworker, hs []holder, i int, from, to uint32) {
 	h := &hs[i]
-	h.bits[off/64] &^= 1 << (off % 64)
-	h.held--
-	if off < atomic.LoadUint32(&h.cut) {
-		atomic.StoreUint32(&h.cut, off)
+	clearBits(h.bits, from, to)
+	h.held -= to - from
+	if from < atomic.LoadUint32(&h.cut) {
+		atomic.StoreUint32(&h.cut, from)
 	}
 	switch {
 	case h.held == 0:
 		r.dropHolderAt(hs, i)
 		delete(xw.runs, r)
-	case off+1 == h.top:
+	case to == h.top:
 		// Words above the new top are zero: drop them, so that the next
 		// search for the top starts near it (tail-first eviction stays
 		// constant per block at any run length).
 		top := highestBit(h.bits)
 		atomic.StoreUint32(&h.top, top)
 		h.bits = h.bits[:(top+63)/64]
+	}
+}
+
+// clearBits clears bits from..to-1 of ws.
+func clearBits(ws []uint64, from, to uint32) {
+	for from < to {
+		end := min(to, from/64*64+64)
+		ws[from/64] &^= (1<<(end-from) - 1) << (from % 64) // 1<<64 is 0: a whole word
+		from = end
 	}
 }
 
