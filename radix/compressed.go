@@ -378,6 +378,14 @@ func (xw *xworker) xname(h uint64) (uint64, bool) {
 	return loc, ok
 }
 
+// plain reports whether xw has no names of its own, so that every block
+// it holds it names by the block's own hash, which the block claimed
+// (walker.name). xcount counts a block's names of its own until the block
+// is left, even where a store or a removal has just deleted the names
+// (and a store keeps them in storeScratch.old meanwhile): so it is empty
+// only where xnames is and no event is moving one of them.
+func (xw *xworker) plain() bool { return len(xw.xcount) == 0 }
+
 // count returns how many of xw's names of its own name the block at loc,
 // with noOwn (see xcount).
 func (xw *xworker) count(loc uint64) uint32 {

@@ -184,7 +184,7 @@ func (l *leaver) follows(h uint64) (uint64, bool) {
 	return loc, l.xw.holdsOwnAt(loc, r, p)
 }
 
-// followRun leaves, for a worker with no names of its own, the blocks
+// followRun leaves, for a plain worker, the blocks
 // before the one it left last in the run in hand that hs name in turn by
 // their own hashes, as follows and unname would one hash at a time: it
 // checks each block as follows does, then leaves them together, their
@@ -194,7 +194,7 @@ func (l *leaver) follows(h uint64) (uint64, bool) {
 // first hash does not follow).
 func (l *leaver) followRun(hs []uint64) int {
 	r, xw := l.r, l.xw
-	if r == nil || l.last == 0 || len(xw.xnames) > 0 || len(xw.xcount) > 0 {
+	if r == nil || l.last == 0 || !xw.plain() {
 		return 0
 	}
 	holders := r.holderArray()
@@ -203,9 +203,7 @@ func (l *leaver) followRun(hs []uint64) int {
 		return 0
 	}
 	// A block the worker holds is the table's entry for its own hash
-	// (follows checks it), as every block is that a worker with no names
-	// of its own holds: it names it by its own hash, so the block claimed
-	// it (walker.name).
+	// (follows checks it), as every block a plain worker holds is.
 	h, eng := &holders[i], *r.eng.Load()
 	k := 0
 	for p := l.last; k < len(hs) && p > 0; k++ {

@@ -661,7 +661,14 @@ func (wk *walker) leave() {
 	r.hold(wk.xw, wk.from, wk.off, wk.s.fresh[wk.first:wk.first+int(wk.off-wk.from)+1])
 	for p := wk.from; p <= wk.off; p++ {
 		i := wk.first + int(p-wk.from)
-		wk.name(i, r, p, hasBit(r.claimed, p) && wk.eng[p] == wk.blocks[i].BlockHash)
+		own := hasBit(r.claimed, p) && wk.eng[p] == wk.blocks[i].BlockHash
+		if own && wk.xw.plain() {
+			if wk.s.fresh[i] {
+				wk.joined++
+			}
+			continue // all name does for a plain worker's own hash
+		}
+		wk.name(i, r, p, own)
 	}
 }
 

@@ -295,10 +295,10 @@ func CompressedInvariants(t *CompressedTree) (runs int, err error) {
 			if cnt != h.held || cnt == 0 || h.top != highestBit(h.bits) || h.cut != cut || h.top > r.n.Load() {
 				return runs, fmt.Errorf("run %d worker %v: held %d/%d top %d/%d cut %d/%d n %d", id, h.w.worker, h.held, cnt, h.top, highestBit(h.bits), h.cut, cut, r.n.Load())
 			}
-			if len(h.w.xnames) == 0 {
+			if h.w.plain() {
 				for p := range h.top {
 					if h.has(p) && !hasBit(r.claimed, p) {
-						return runs, fmt.Errorf("run %d: worker %v has no names of its own, holds unclaimed block %d", id, h.w.worker, p)
+						return runs, fmt.Errorf("run %d: plain worker %v holds unclaimed block %d", id, h.w.worker, p)
 					}
 				}
 			}
