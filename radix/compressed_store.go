@@ -305,8 +305,8 @@ func (t *CompressedTree) walk(xw *xworker, parent uint64, blocks []kvevent.Store
 		}
 		i = 1
 	}
-	for ; i < len(blocks); i++ {
-		wk.step(i, len(blocks)-i)
+	for i < len(blocks) {
+		i = wk.step(i, len(blocks)-i)
 	}
 	wk.leave()
 	wk.r.mu.Unlock()
@@ -471,14 +471,16 @@ func (wk *walker) enter(r *crun, from uint32, first int, made bool) {
 // it as it is evicted (BenchmarkApplyParallel on 16 cores:
 // results/README.md, "Sixteen cores"). Nor is a long run extended where
 // that would copy it for blocks other than its array's past a length it
-// was trimmed to, or for a decode step's one block (see extends).
-func (wk *walker) step(i int, room int) {
+// was trimmed to, or for a decode step's one block (see extends). It
+// returns the index of the next block to place: past those the run's
+// extension took (appendTail).
+func (wk *walker) step(i int, room int) int {
 	key := wk.blocks[i].TokensHash
 	r, next := wk.r, wk.off+1
 	if next < wk.n && wk.ks[next] == key { // the run's own next block
 		wk.off = next
 		wk.s.locs[i] = pack(r, next)
-		return
+		return i + 1
 	}
 	var c *crun
 	end := next == wk.n
@@ -493,7 +495,7 @@ func (wk *walker) step(i int, room int) {
 		wk.push(wk.blocks[i], room)
 		wk.off = next
 		wk.s.locs[i] = pack(r, next)
-		return
+		return wk.appendTail(i + 1)
 	}
 	made := c == nil
 	if made {
@@ -508,11 +510,32 @@ func (wk *walker) step(i int, room int) {
 		// position wk.off, as the walk placed it or hangs from it).
 		r.mu.Lock()
 		wk.resume(r, wk.off, i)
-		wk.step(i, room)
-		return
+		return wk.step(i, room)
 	}
 	wk.enter(c, 0, i, made)
 	wk.s.locs[i] = pack(c, 0)
+	return i + 1
+}
+
+// appendTail places the event's blocks from i on at the end of the run,
+// which the walk has just extended (past its published length: no child
+// hangs there), while its arrays have room for them and hold no block past
+// its end (see push): there step would push each, and extends allows it
+// (arrays are at most runLimit long). It returns the index of the first
+// block it did not place. A prompt's new blocks are then a copy each.
+func (wk *walker) appendTail(i int) int {
+	r := wk.r
+	if wk.n < r.hw {
+		return i
+	}
+	for end := uint32(len(wk.ks)); i < len(wk.blocks) && wk.n < end; i++ {
+		b := wk.blocks[i]
+		wk.ks[wk.n], wk.eng[wk.n] = b.TokensHash, b.BlockHash
+		wk.s.locs[i] = pack(r, wk.n)
+		wk.off = wk.n
+		wk.n++
+	}
+	return i
 }
 
 // push appends block b at the run's end (unpublished until leave), growing
@@ -658,18 +681,33 @@ func (wk *walker) leave() {
 	if wk.off < wk.from {
 		return
 	}
+	if wk.xw.plain() && wk.allOwn() {
+		// All name would do for each block: count those joined.
+		wk.joined += r.hold(wk.xw, wk.from, wk.off, nil)
+		return
+	}
 	r.hold(wk.xw, wk.from, wk.off, wk.s.fresh[wk.first:wk.first+int(wk.off-wk.from)+1])
 	for p := wk.from; p <= wk.off; p++ {
-		i := wk.first + int(p-wk.from)
-		own := hasBit(r.claimed, p) && wk.eng[p] == wk.blocks[i].BlockHash
-		if own && wk.xw.plain() {
-			if wk.s.fresh[i] {
-				wk.joined++
-			}
-			continue // all name does for a plain worker's own hash
-		}
-		wk.name(i, r, p, own)
+		wk.name(wk.first+int(p-wk.from), r, p, wk.own(p))
 	}
+}
+
+// own reports whether the event names the block the walk placed at
+// position p of its run by the block's own hash.
+func (wk *walker) own(p uint32) bool {
+	return hasBit(wk.r.claimed, p) && wk.eng[p] == wk.blocks[wk.first+int(p-wk.from)].BlockHash
+}
+
+// allOwn reports whether the event names every block the walk placed in
+// its run by the block's own hash: for a plain worker, naming them then
+// changes nothing but the count of blocks joined (see name).
+func (wk *walker) allOwn() bool {
+	for p := wk.from; p <= wk.off; p++ {
+		if !wk.own(p) {
+			return false
+		}
+	}
+	return true
 }
 
 // name makes the worker name block i of the event, placed at position p of
@@ -732,8 +770,9 @@ func (wk *walker) unnamed(loc uint64, p uint32) bool {
 }
 
 // hold makes xw hold positions from..to of r (locked), setting fresh[i]
-// for each position it did not hold; its cut is written once.
-func (r *crun) hold(xw *xworker, from, to uint32, fresh []bool) {
+// for each position it did not hold (unless fresh is nil), and returns how
+// many it did not; its cut is written once.
+func (r *crun) hold(xw *xworker, from, to uint32, fresh []bool) int {
 	hs := r.holderArray()
 	i, found := holderOf(hs, xw)
 	if !found {
@@ -747,21 +786,27 @@ func (r *crun) hold(xw *xworker, from, to uint32, fresh []bool) {
 	for int(to/64) >= len(h.bits) {
 		h.bits = append(h.bits, 0)
 	}
-	for p := from; p <= to; p++ {
+	n := uint32(0)
+	if fresh == nil {
+		n = setBits(h.bits, from, to+1)
+	}
+	for p := from; p <= to && fresh != nil; p++ {
 		word, bit := &h.bits[p/64], uint64(1)<<(p%64)
 		f := *word&bit == 0
 		fresh[p-from] = f
 		if f {
 			*word |= bit
-			h.held++
+			n++
 		}
 	}
+	h.held += n
 	atomic.StoreUint32(&h.top, max(h.top, to+1))
 	if cut := atomic.LoadUint32(&h.cut); cut >= from && cut <= to {
 		for cut = to + 1; cut < h.top && h.has(cut); cut++ {
 		}
 		atomic.StoreUint32(&h.cut, cut)
 	}
+	return int(n)
 }
 
 // addHolder publishes r's holders hs with xw's new entry at i, and
