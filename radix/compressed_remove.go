@@ -184,14 +184,13 @@ func (l *leaver) follows(h uint64) (uint64, bool) {
 	return loc, l.xw.holdsOwnAt(loc, r, p)
 }
 
-// followRun leaves, for a plain worker, the blocks
-// before the one it left last in the run in hand that hs name in turn by
-// their own hashes, as follows and unname would one hash at a time: it
-// checks each block as follows does, then leaves them together, their
-// holder entry found once and updated once. Tail-first eviction, nearly
-// every hash of an engine's removal, is then a compare a block. It
-// returns how many it left (0 where follows must decide, or where the
-// first hash does not follow).
+// followRun leaves, for a plain worker, the blocks before the one it left
+// last in the run in hand that hs name in turn by their own hashes, as
+// follows and unname would one hash at a time: it checks each block as
+// follows does, then leaves them together, their holder entry found once
+// and updated once. Tail-first eviction, nearly every hash of an engine's
+// removal, is then a compare a block. It returns how many it left (0 where
+// follows must decide, or where the first hash does not follow).
 func (l *leaver) followRun(hs []uint64) int {
 	r, xw := l.r, l.xw
 	if r == nil || l.last == 0 || !xw.plain() {

@@ -786,17 +786,18 @@ func (r *crun) hold(xw *xworker, from, to uint32, fresh []bool) int {
 	for int(to/64) >= len(h.bits) {
 		h.bits = append(h.bits, 0)
 	}
-	n := uint32(0)
+	var n uint32
 	if fresh == nil {
 		n = setBits(h.bits, from, to+1)
-	}
-	for p := from; p <= to && fresh != nil; p++ {
-		word, bit := &h.bits[p/64], uint64(1)<<(p%64)
-		f := *word&bit == 0
-		fresh[p-from] = f
-		if f {
-			*word |= bit
-			n++
+	} else {
+		for p := from; p <= to; p++ {
+			word, bit := &h.bits[p/64], uint64(1)<<(p%64)
+			f := *word&bit == 0
+			fresh[p-from] = f
+			if f {
+				*word |= bit
+				n++
+			}
 		}
 	}
 	h.held += n
