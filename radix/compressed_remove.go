@@ -290,34 +290,6 @@ func (r *crun) leaveAt(xw *xworker, hs []holder, i int, from, to uint32) {
 	}
 }
 
-// clearBits clears bits from..to-1 of ws.
-func clearBits(ws []uint64, from, to uint32) {
-	for from < to {
-		w, m, next := wordMask(from, to)
-		ws[w] &^= m
-		from = next
-	}
-}
-
-// setBits sets bits from..to-1 of ws, and returns how many were clear.
-func setBits(ws []uint64, from, to uint32) uint32 {
-	n := 0
-	for from < to {
-		w, m, next := wordMask(from, to)
-		n += bits.OnesCount64(m &^ ws[w])
-		ws[w] |= m
-		from = next
-	}
-	return uint32(n)
-}
-
-// wordMask returns the word of bit from (< to) in a bitset, the mask of
-// bits from..to-1 in it, and the first bit past them and it.
-func wordMask(from, to uint32) (w int, m uint64, next uint32) {
-	next = min(to, from/64*64+64)
-	return int(from / 64), (1<<(next-from) - 1) << (from % 64), next // 1<<64 is 0: a whole word
-}
-
 // highestBit returns the highest set position + 1 (0 if none).
 func highestBit(ws []uint64) uint32 {
 	for i := len(ws) - 1; i >= 0; i-- {

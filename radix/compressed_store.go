@@ -2,6 +2,7 @@ package radix
 
 import (
 	"fmt"
+	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -664,6 +665,34 @@ func setBit(ws *[]uint64, i uint32) {
 
 func hasBit(ws []uint64, i uint32) bool {
 	return int(i/64) < len(ws) && ws[i/64]&(1<<(i%64)) != 0
+}
+
+// clearBits clears bits from..to-1 of ws.
+func clearBits(ws []uint64, from, to uint32) {
+	for from < to {
+		w, m, next := wordMask(from, to)
+		ws[w] &^= m
+		from = next
+	}
+}
+
+// setBits sets bits from..to-1 of ws, and returns how many were clear.
+func setBits(ws []uint64, from, to uint32) uint32 {
+	n := 0
+	for from < to {
+		w, m, next := wordMask(from, to)
+		n += bits.OnesCount64(m &^ ws[w])
+		ws[w] |= m
+		from = next
+	}
+	return uint32(n)
+}
+
+// wordMask returns the word of bit from (< to) in a bitset, the mask of
+// bits from..to-1 in it, and the first bit past them and it.
+func wordMask(from, to uint32) (w int, m uint64, next uint32) {
+	next = min(to, from/64*64+64)
+	return int(from / 64), (1<<(next-from) - 1) << (from % 64), next // 1<<64 is 0: a whole word
 }
 
 // leave publishes the run's length, claims the blocks the walk created,
