@@ -72,7 +72,7 @@ func Run(c *Corpus, idx shardpool.Indexer, im shardpool.Impl, p Protocol, stop <
 	}
 	s.feeders = make([]*feeder, len(parts))
 	var lanes, feeders, issuers sync.WaitGroup
-	use0 := rss.Process()
+	use0, host0 := rss.Process(), rss.Host()
 	s.start = time.Now()
 	for l := range s.lanes {
 		lanes.Go(func() { s.serve(l) })
@@ -98,16 +98,17 @@ func Run(c *Corpus, idx shardpool.Indexer, im shardpool.Impl, p Protocol, stop <
 	lanes.Wait()
 	_, _ = idx.Flush()
 	st.end = s.since()
-	st.use = rss.Process().Minus(use0)
+	st.use, st.host = rss.Process().Minus(use0), rss.Host().Minus(host0)
 	return s.result(im, before, st)
 }
 
 // stopState is what a run measured when its issuers stopped and when it
 // ended.
 type stopState struct {
-	stopped, end  int64     // ns from start
-	events, depth int       // events queued when the issuers stopped; events and queries
-	use           rss.Usage // the process's over the run
+	stopped, end  int64         // ns from start
+	events, depth int           // events queued when the issuers stopped; events and queries
+	use           rss.Usage     // the process's over the run
+	host          rss.HostUsage // the machine's over the run
 }
 
 // runState is one run's measurements; each issuer and lane writes only its
@@ -408,6 +409,7 @@ func (s *runState) result(im shardpool.Impl, before runtime.MemStats, st stopSta
 		r.IssuerCPUFraction = float64(r.IssuerCPUNs) / (float64(st.end) * float64(runtime.GOMAXPROCS(0)))
 	}
 	r.ProcessSysCPUNs, r.PageFaults = st.use.SysNs, st.use.Faults
+	r.HostIdleFraction, r.HostStealFraction = st.host.IdleFraction(), st.host.StealFraction()
 	if lane := st.use.CPUNs - r.IssuerCPUNs; lane > 0 {
 		r.LaneCPUNs = lane
 		r.AchievedBlockOpsPerLaneCPU = float64(r.TotalBlockOps) / (float64(lane) / 1e9)

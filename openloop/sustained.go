@@ -32,6 +32,7 @@ type SustainedPoint struct {
 	AchievedBlockOpsPerSec []float64 `json:"achieved_block_ops_per_sec"` // per process
 	BlockOpsPerLaneCPU     []float64 `json:"achieved_block_ops_per_lane_cpu_sec"`
 	IssuerCPUFraction      []float64 `json:"issuer_cpu_fraction"`
+	HostStealFraction      []float64 `json:"host_steal_fraction"`
 }
 
 // Sustained is the search's outcome.
@@ -67,6 +68,7 @@ func FindSustained(first, longest time.Duration, run func(w time.Duration, k int
 			p.AchievedBlockOpsPerSec = append(p.AchievedBlockOpsPerSec, r.AchievedBlockOpsPerSec)
 			p.BlockOpsPerLaneCPU = append(p.BlockOpsPerLaneCPU, r.AchievedBlockOpsPerLaneCPU)
 			p.IssuerCPUFraction = append(p.IssuerCPUFraction, r.IssuerCPUFraction)
+			p.HostStealFraction = append(p.HostStealFraction, r.HostStealFraction)
 			if !r.Passes() {
 				p.Passed = false
 				break // the point has failed: no need for the other processes

@@ -45,6 +45,33 @@ function med(a, ua, b, ub,    r, n, k, x, s, i, j, t) {
 	return n % 2 ? s[(n + 1) / 2] : (s[n / 2] + s[n / 2 + 1]) / 2
 }
 
+# most returns the largest figure of name in unit over the rounds ("" if
+# none).
+function most(name, unit,    r, k, m) {
+	m = ""
+	for (r = 1; r <= rounds; r++) {
+		k = name "|" unit "|" r
+		if ((k in v) && (m == "" || v[k] + 0 > m))
+			m = v[k] + 0
+	}
+	return m
+}
+
+# info prints a figure that has no target, with what it tells.
+function info(label, x, note) {
+	printf "%-64s %12s %4s %-10s %s\n", label, x == "" ? "-" : sprintf("%.1f", x), "", "", note
+}
+
+# max3 is the largest of three figures, "" for none.
+function max3(a, b, c,    m) {
+	m = a
+	if (b != "" && (m == "" || b + 0 > m + 0))
+		m = b
+	if (c != "" && (m == "" || c + 0 > m + 0))
+		m = c
+	return m
+}
+
 # ref prints a figure beside what it was in another hour (a target of
 # "no worse", which only an interleaved run decides).
 function ref(label, x, was) {
@@ -75,6 +102,8 @@ END {
 	row("two writers against one, fresh processes, grown, Go events", ratio(fs "go/writers=1-2", fs "go/writers=2-2", "ns/block"), ">=", 1.7, ".2f")
 	row("  the same, grown, JSON events", ratio(fs "json/writers=1-2", fs "json/writers=2-2", "ns/block"), ">=", 1.7, ".2f")
 	row("  the same, sized", ratio("BenchmarkFreshStoreSized/events=go/writers=1-2", "BenchmarkFreshStoreSized/events=go/writers=2-2", "ns/block"), ">=", 1.7, ".2f")
+	info("  the machine's CPU idle in two writers' sized stores (median %)", median("BenchmarkFreshStoreSized/events=go/writers=2-2", "host-idle-%"), "a core left idle: a writer waited or ended first")
+	info("  its CPU stolen by the hypervisor in any fresh store (most %)", max3(most("BenchmarkFreshStoreSized/events=go/writers=2-2", "host-steal-%"), most(fs "go/writers=2-2", "host-steal-%"), most(fs "json/writers=2-2", "host-steal-%")), "wall time lost to the host: a ratio of that round means little")
 	ps = "BenchmarkParallelStore/impl=compressed"
 	row("  one process, GOMAXPROCS 1 against 2, grown (ParallelStore)", ratio(ps, ps "-2", "ns/block"), ">=", 1.7, ".2f")
 	row("  the same, sized", ratio(ps "-sized", ps "-sized-2", "ns/block"), ">=", 1.7, ".2f")
@@ -85,6 +114,7 @@ END {
 	ref("shared-prefix lookup, AppendMatches (ns)", median("BenchmarkSharedPrefix/impl=compressed/api=append-2", "ns/op"), "743")
 	lane = median("BenchmarkIndexer/impl=compressed-sized/lanes=2", "block-ops/lane-cpu-s")
 	row("block ops per lane CPU-second, field's benchmark, 1.5 s window (M)", lane == "" ? "" : lane / 1e6, ">=", 25, ".2f")
+	info("  the machine's CPU stolen by the hypervisor in the window (most %)", most("BenchmarkIndexer/impl=compressed-sized/lanes=2", "host-steal-%"), "not in the lanes' CPU; slows the window's wall clock")
 	if (sustained != "")
 		row("  the same at the sustained rate (M; one search, SUSTAINED=1)", sustained, ">=", 25, ".2f")
 	tr = "BenchmarkTail/op=remove/impl=compressed/run="

@@ -325,15 +325,15 @@ func printIndexer(w io.Writer, c *indexerConfig, cp *openloop.Corpus, results []
 	fmt.Fprintln(w, "kept up: the replay and its drain ended within 1.10 x the window; valid: every operation issued within 1.01 x the window, in order, and applied without error")
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "index\twindow s\telapsed s\tblock-ops/s\tper lane CPU-s\tkept up\tvalid\tharness CPU\tlookup p50 µs\tp99 µs\twait p99 µs\tupdate p99 µs\tissue lag p99 µs\tdrain ms\tB/pair\t")
+	fmt.Fprintln(tw, "index\twindow s\telapsed s\tblock-ops/s\tper lane CPU-s\tkept up\tvalid\tharness CPU\tstolen\tlookup p50 µs\tp99 µs\twait p99 µs\tupdate p99 µs\tissue lag p99 µs\tdrain ms\tB/pair\t")
 	for _, r := range results {
 		kept := yesNo(r.KeptUp)
 		if r.Interrupted {
 			kept = "interrupted"
 		}
-		fmt.Fprintf(tw, "%s\t%.3g\t%.3f\t%.3gM\t%.3gM\t%s\t%s\t%.1f%%\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t\n",
+		fmt.Fprintf(tw, "%s\t%.3g\t%.3f\t%.3gM\t%.3gM\t%s\t%s\t%.1f%%\t%.1f%%\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t\n",
 			shardpool.Impl{Name: r.Index, Lanes: r.Lanes}, float64(r.BenchmarkDurationMs)/1e3, float64(r.ElapsedNs)/1e9,
-			r.AchievedBlockOpsPerSec/1e6, r.AchievedBlockOpsPerLaneCPU/1e6, kept, yesNo(r.GeneratorValid), 100*r.IssuerCPUFraction,
+			r.AchievedBlockOpsPerSec/1e6, r.AchievedBlockOpsPerLaneCPU/1e6, kept, yesNo(r.GeneratorValid), 100*r.IssuerCPUFraction, 100*r.HostStealFraction,
 			us(r.QueryService.P50), us(r.QueryService.P99), us(r.QueryQueueWait.P99), us(r.UpdateAcceptedToFinished.P99),
 			us(max(r.ReadIssueLag.P99, r.UpdateIssueLag.P99)), float64(r.DrainNs)/1e6, r.BytesPerPair)
 	}
@@ -353,8 +353,8 @@ func yesNo(b bool) string {
 func printIndexerBench(w io.Writer, results []*openloop.Result) {
 	fmt.Fprintf(w, "goos: %s\ngoarch: %s\npkg: github.com/kvradix/kvradix/cmd/loadgen\n", runtime.GOOS, runtime.GOARCH)
 	for _, r := range results {
-		fmt.Fprintf(w, "BenchmarkIndexer/%s 1 %d ns/op %.0f block-ops/s %.0f block-ops/lane-cpu-s %d lookup-p50-ns %d lookup-p99-ns %d update-p99-ns %d drain-ns %.1f B/pair\n",
+		fmt.Fprintf(w, "BenchmarkIndexer/%s 1 %d ns/op %.0f block-ops/s %.0f block-ops/lane-cpu-s %d lookup-p50-ns %d lookup-p99-ns %d update-p99-ns %d drain-ns %.1f B/pair %.2f host-steal-%%\n",
 			shardpool.Impl{Name: r.Index, Lanes: r.Lanes}, r.ElapsedNs, r.AchievedBlockOpsPerSec, r.AchievedBlockOpsPerLaneCPU,
-			r.QueryService.P50, r.QueryService.P99, r.UpdateAcceptedToFinished.P99, r.DrainNs, r.BytesPerPair)
+			r.QueryService.P50, r.QueryService.P99, r.UpdateAcceptedToFinished.P99, r.DrainNs, r.BytesPerPair, 100*r.HostStealFraction)
 	}
 }

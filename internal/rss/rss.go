@@ -1,4 +1,5 @@
-// Package rss reads the process's resident set size.
+// Package rss reads the process's resident set size and CPU time, and the
+// machine's CPU time.
 package rss
 
 import (
