@@ -33,10 +33,11 @@ import (
 // system CPU of it and faults/block its page faults (on a virtual machine
 // faulting in the memory the index grows into is most of the system time),
 // rss-MB the child's peak RSS, build-ms the time to make the empty tree,
-// host-idle-% and host-steal-% the machine's CPU time over the store that
-// was idle or stolen by the hypervisor: where two writers run little
-// faster than one, a core was idle (a writer waited) or taken from the
-// virtual machine (its wall time counts, its CPU time does not).
+// host-idle-%, host-steal-% and host-other-% the machine's CPU time over
+// the store that was idle, stolen by the hypervisor or used by other
+// processes: where two writers run little faster than one, a core was
+// idle (a writer waited), taken from the virtual machine (its wall time
+// counts, its CPU time does not) or busy with another process.
 func BenchmarkFreshStore(b *testing.B) {
 	for _, events := range []string{"go", "json"} {
 		for _, writers := range []int{1, 2} {
@@ -57,11 +58,11 @@ func BenchmarkFreshStoreSized(b *testing.B) {
 
 // freshFigures are what a child measured.
 type freshFigures struct {
-	nsPerBlock, cpuPerBlock, sysPerBlock, faultsPerBlock, rssMB, buildMs, idlePct, stealPct float64
+	nsPerBlock, cpuPerBlock, sysPerBlock, faultsPerBlock, rssMB, buildMs, idlePct, stealPct, otherPct float64
 }
 
 // freshFormat is how a child prints its figures.
-const freshFormat = "fresh-store ns/block=%g cpu-ns/block=%g sys-ns/block=%g faults/block=%g rss-MB=%g build-ms=%g host-idle-%%=%g host-steal-%%=%g"
+const freshFormat = "fresh-store ns/block=%g cpu-ns/block=%g sys-ns/block=%g faults/block=%g rss-MB=%g build-ms=%g host-idle-%%=%g host-steal-%%=%g host-other-%%=%g"
 
 // freshStores runs a child per iteration and reports their means, and
 // their greatest peak RSS.
@@ -77,6 +78,7 @@ func freshStores(b *testing.B, events string, writers int, table string) {
 		sum.buildMs += f.buildMs
 		sum.idlePct += f.idlePct
 		sum.stealPct += f.stealPct
+		sum.otherPct += f.otherPct
 		sum.rssMB = max(sum.rssMB, f.rssMB)
 		runs++
 	}
@@ -89,6 +91,7 @@ func freshStores(b *testing.B, events string, writers int, table string) {
 	b.ReportMetric(sum.buildMs/n, "build-ms")
 	b.ReportMetric(sum.idlePct/n, "host-idle-%")
 	b.ReportMetric(sum.stealPct/n, "host-steal-%")
+	b.ReportMetric(sum.otherPct/n, "host-other-%")
 }
 
 // freshStore runs one child and returns its figures.
@@ -103,7 +106,7 @@ func freshStore(b *testing.B, events string, writers int, table string) freshFig
 	sc := bufio.NewScanner(&out)
 	for sc.Scan() {
 		var f freshFigures
-		if _, err := fmt.Sscanf(sc.Text(), freshFormat, &f.nsPerBlock, &f.cpuPerBlock, &f.sysPerBlock, &f.faultsPerBlock, &f.rssMB, &f.buildMs, &f.idlePct, &f.stealPct); err == nil {
+		if _, err := fmt.Sscanf(sc.Text(), freshFormat, &f.nsPerBlock, &f.cpuPerBlock, &f.sysPerBlock, &f.faultsPerBlock, &f.rssMB, &f.buildMs, &f.idlePct, &f.stealPct, &f.otherPct); err == nil {
 			return f
 		}
 	}
@@ -165,5 +168,5 @@ func TestFreshStoreChild(t *testing.T) {
 	use, host := rss.Process().Minus(use0), rss.Host().Minus(host0)
 	perBlock := func(x int64) float64 { return float64(x) / float64(blocks) }
 	fmt.Printf(freshFormat+"\n", perBlock(elapsed.Nanoseconds()), perBlock(use.CPUNs), perBlock(use.SysNs), perBlock(use.Faults),
-		float64(rss.Peak())/(1<<20), float64(start.Sub(built).Microseconds())/1e3, 100*host.IdleFraction(), 100*host.StealFraction())
+		float64(rss.Peak())/(1<<20), float64(start.Sub(built).Microseconds())/1e3, 100*host.IdleFraction(), 100*host.StealFraction(), 100*host.OtherFraction(use))
 }

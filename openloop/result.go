@@ -81,11 +81,12 @@ type Result struct {
 	// the machine it took from the index. ProcessSysCPUNs and PageFaults
 	// are the process's system CPU and page faults over the run: on a
 	// virtual machine most system CPU is faulting in the memory the index
-	// grows into. HostIdleFraction and HostStealFraction are the shares of
-	// the machine's CPU time (all its cores, this process's and others')
-	// over the run that were idle and that the hypervisor took from the
-	// virtual machine: stolen time slows the run's wall clock (achieved,
-	// kept_up) but is not in its CPU (LaneCPUNs). IndexBuildNs is the time
+	// grows into. HostIdleFraction, HostStealFraction and
+	// HostOtherFraction are the shares of the machine's CPU time (all its
+	// cores) over the run that were idle, that the hypervisor took from the
+	// virtual machine, and that other processes used: stolen time slows the
+	// run's wall clock (achieved, kept_up) but is not in its CPU
+	// (LaneCPUNs); other processes' take the cores the run would use. IndexBuildNs is the time
 	// to make the empty index (a table sized up front is allocated and
 	// made resident then).
 	LaneCPUNs                  int64   `json:"lane_cpu_ns"`
@@ -95,6 +96,7 @@ type Result struct {
 	PageFaults                 int64   `json:"page_faults"`
 	HostIdleFraction           float64 `json:"host_idle_fraction"`
 	HostStealFraction          float64 `json:"host_steal_fraction"`
+	HostOtherFraction          float64 `json:"host_other_fraction"`
 	IndexBuildNs               int64   `json:"index_build_ns"`
 	HarnessClockReadNs         int64   `json:"harness_clock_read_ns"`
 	Index                      string  `json:"index"` // single, pool or compressed

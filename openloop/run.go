@@ -409,7 +409,7 @@ func (s *runState) result(im shardpool.Impl, before runtime.MemStats, st stopSta
 		r.IssuerCPUFraction = float64(r.IssuerCPUNs) / (float64(st.end) * float64(runtime.GOMAXPROCS(0)))
 	}
 	r.ProcessSysCPUNs, r.PageFaults = st.use.SysNs, st.use.Faults
-	r.HostIdleFraction, r.HostStealFraction = st.host.IdleFraction(), st.host.StealFraction()
+	r.HostIdleFraction, r.HostStealFraction, r.HostOtherFraction = st.host.IdleFraction(), st.host.StealFraction(), st.host.OtherFraction(st.use)
 	if lane := st.use.CPUNs - r.IssuerCPUNs; lane > 0 {
 		r.LaneCPUNs = lane
 		r.AchievedBlockOpsPerLaneCPU = float64(r.TotalBlockOps) / (float64(lane) / 1e9)

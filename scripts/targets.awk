@@ -103,6 +103,7 @@ END {
 	row("  the same, grown, JSON events", ratio(fs "json/writers=1-2", fs "json/writers=2-2", "ns/block"), ">=", 1.7, ".2f")
 	row("  the same, sized", ratio("BenchmarkFreshStoreSized/events=go/writers=1-2", "BenchmarkFreshStoreSized/events=go/writers=2-2", "ns/block"), ">=", 1.7, ".2f")
 	info("  the machine's CPU idle in two writers' sized stores (median %)", median("BenchmarkFreshStoreSized/events=go/writers=2-2", "host-idle-%"), "a core left idle: a writer waited or ended first")
+	info("  its CPU used by other processes in any fresh store (most %)", max3(most("BenchmarkFreshStoreSized/events=go/writers=2-2", "host-other-%"), most(fs "go/writers=2-2", "host-other-%"), most(fs "json/writers=2-2", "host-other-%")), "a core taken by another process: that round's ratio means little")
 	info("  its CPU stolen by the hypervisor in any fresh store (most %)", max3(most("BenchmarkFreshStoreSized/events=go/writers=2-2", "host-steal-%"), most(fs "go/writers=2-2", "host-steal-%"), most(fs "json/writers=2-2", "host-steal-%")), "wall time lost to the host: a ratio of that round means little")
 	ps = "BenchmarkParallelStore/impl=compressed"
 	row("  one process, GOMAXPROCS 1 against 2, grown (ParallelStore)", ratio(ps, ps "-2", "ns/block"), ">=", 1.7, ".2f")

@@ -353,8 +353,8 @@ func yesNo(b bool) string {
 func printIndexerBench(w io.Writer, results []*openloop.Result) {
 	fmt.Fprintf(w, "goos: %s\ngoarch: %s\npkg: github.com/kvradix/kvradix/cmd/loadgen\n", runtime.GOOS, runtime.GOARCH)
 	for _, r := range results {
-		fmt.Fprintf(w, "BenchmarkIndexer/%s 1 %d ns/op %.0f block-ops/s %.0f block-ops/lane-cpu-s %d lookup-p50-ns %d lookup-p99-ns %d update-p99-ns %d drain-ns %.1f B/pair %.2f host-steal-%%\n",
+		fmt.Fprintf(w, "BenchmarkIndexer/%s 1 %d ns/op %.0f block-ops/s %.0f block-ops/lane-cpu-s %d lookup-p50-ns %d lookup-p99-ns %d update-p99-ns %d drain-ns %.1f B/pair %.2f host-steal-%% %.2f host-other-%%\n",
 			shardpool.Impl{Name: r.Index, Lanes: r.Lanes}, r.ElapsedNs, r.AchievedBlockOpsPerSec, r.AchievedBlockOpsPerLaneCPU,
-			r.QueryService.P50, r.QueryService.P99, r.UpdateAcceptedToFinished.P99, r.DrainNs, r.BytesPerPair, 100*r.HostStealFraction)
+			r.QueryService.P50, r.QueryService.P99, r.UpdateAcceptedToFinished.P99, r.DrainNs, r.BytesPerPair, 100*r.HostStealFraction, 100*r.HostOtherFraction)
 	}
 }

@@ -512,7 +512,7 @@ func TestIndexerV4(t *testing.T) {
 			"total_stored_blocks", "total_removed_blocks", "total_logical_ops", "total_block_ops", "offered_logical_ops_per_sec",
 			"achieved_block_ops_per_sec", "read_issue_lag", "update_issue_lag", "query_service", "update_accepted_to_finished",
 			"issuer_cpu_ns", "issue_span_ns", "drain_ns", "generator_valid", "kept_up", "failure_reasons", "provenance",
-			"lane_cpu_ns", "achieved_block_ops_per_lane_cpu_sec", "issuer_cpu_fraction", "host_idle_fraction", "host_steal_fraction", "index", "lanes", "elapsed_ns", "pairs", "bytes_per_pair",
+			"lane_cpu_ns", "achieved_block_ops_per_lane_cpu_sec", "issuer_cpu_fraction", "host_idle_fraction", "host_steal_fraction", "host_other_fraction", "index", "lanes", "elapsed_ns", "pairs", "bytes_per_pair",
 			"rejected_events", "events_queued_fraction", "outstanding_updates_at_stop", "queue_depth_at_stop", "generator_gate"} {
 			if _, ok := r[k]; !ok {
 				t.Errorf("no %q", k)
@@ -527,9 +527,9 @@ func TestIndexerV4(t *testing.T) {
 		if argv := r["provenance"].(map[string]any)["argv"].([]any); len(argv) == 0 {
 			t.Fatal("no argv in the provenance")
 		}
-		idle, steal := r["host_idle_fraction"].(float64), r["host_steal_fraction"].(float64)
-		if idle < 0 || steal < 0 || idle+steal > 1 {
-			t.Fatalf("the machine idle %v and stolen %v of its CPU time over the run", idle, steal)
+		idle, steal, other := r["host_idle_fraction"].(float64), r["host_steal_fraction"].(float64), r["host_other_fraction"].(float64)
+		if idle < 0 || steal < 0 || other < 0 || idle+steal+other > 1 {
+			t.Fatalf("the machine idle %v, stolen %v and other processes' %v of its CPU time over the run", idle, steal, other)
 		}
 	}
 }

@@ -28,6 +28,14 @@ func (u HostUsage) StealFraction() float64 { return fraction(u.StealNs, u.TotalN
 // counted).
 func (u HostUsage) IdleFraction() float64 { return fraction(u.IdleNs, u.TotalNs) }
 
+// OtherFraction is the share of the machine's CPU time that other
+// processes (and the kernel's own threads) used while this process used
+// own: neither idle, nor stolen, nor this process's. It is 0 where the
+// clock tick's coarser count leaves less than own.
+func (u HostUsage) OtherFraction(own Usage) float64 {
+	return fraction(max(u.TotalNs-u.IdleNs-u.StealNs-own.CPUNs, 0), u.TotalNs)
+}
+
 func fraction(x, of int64) float64 {
 	if of <= 0 {
 		return 0

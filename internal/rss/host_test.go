@@ -27,6 +27,12 @@ func TestParseStat(t *testing.T) {
 	if d.StealFraction() != 0.1 || d.IdleFraction() != 0.25 {
 		t.Fatalf("fractions of %+v: steal %v, idle %v; want 0.1, 0.25", d, d.StealFraction(), d.IdleFraction())
 	}
+	if f := d.OtherFraction(Usage{CPUNs: 450}); f != 0.2 {
+		t.Fatalf("%+v with 450 ns of this process's CPU: other processes' share %v, want 0.2", d, f)
+	}
+	if f := d.OtherFraction(Usage{CPUNs: 700}); f != 0 {
+		t.Fatalf("%+v with more CPU of this process's than was busy: other processes' share %v, want 0", d, f)
+	}
 	if (HostUsage{}).StealFraction() != 0 {
 		t.Fatal("a fraction of no time is not 0")
 	}
