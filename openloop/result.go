@@ -86,9 +86,9 @@ type Result struct {
 	// cores) over the run that were idle, that the hypervisor took from the
 	// virtual machine, and that other processes used: stolen time slows the
 	// run's wall clock (achieved, kept_up) but is not in its CPU
-	// (LaneCPUNs); other processes' take the cores the run would use. IndexBuildNs is the time
-	// to make the empty index (a table sized up front is allocated and
-	// made resident then).
+	// (LaneCPUNs); other processes' time takes cores the run would use.
+	// IndexBuildNs is the time to make the empty index (a table sized up
+	// front is allocated and made resident then).
 	LaneCPUNs                  int64   `json:"lane_cpu_ns"`
 	AchievedBlockOpsPerLaneCPU float64 `json:"achieved_block_ops_per_lane_cpu_sec"`
 	IssuerCPUFraction          float64 `json:"issuer_cpu_fraction"`

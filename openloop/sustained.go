@@ -33,6 +33,7 @@ type SustainedPoint struct {
 	BlockOpsPerLaneCPU     []float64 `json:"achieved_block_ops_per_lane_cpu_sec"`
 	IssuerCPUFraction      []float64 `json:"issuer_cpu_fraction"`
 	HostStealFraction      []float64 `json:"host_steal_fraction"`
+	HostOtherFraction      []float64 `json:"host_other_fraction"`
 }
 
 // Sustained is the search's outcome.
@@ -69,6 +70,7 @@ func FindSustained(first, longest time.Duration, run func(w time.Duration, k int
 			p.BlockOpsPerLaneCPU = append(p.BlockOpsPerLaneCPU, r.AchievedBlockOpsPerLaneCPU)
 			p.IssuerCPUFraction = append(p.IssuerCPUFraction, r.IssuerCPUFraction)
 			p.HostStealFraction = append(p.HostStealFraction, r.HostStealFraction)
+			p.HostOtherFraction = append(p.HostOtherFraction, r.HostOtherFraction)
 			if !r.Passes() {
 				p.Passed = false
 				break // the point has failed: no need for the other processes
